@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# Create (or refresh) the virtual environments of the peer systems that the benchmarks compare
+# against, under benchmarks/.peers/:
+#
+#   dynet  DyNet with automatic batching: PyPI "dynet38" 2.2 (a cp311 manylinux wheel of DyNet
+#          2.x; CPU only, single-threaded). Runs benchmarks/peers/dynet_treelstm.py.
+#   dgl    DGL 1.1.3 on PyTorch (CPU). DGL 2.1.0, the newest DGL on PyPI for this platform,
+#          cannot be imported with torch 2.13: its bundled graphbolt library exists only for
+#          torch 2.0.0-2.2.1 ("Cannot find DGL C++ graphbolt library ...
+#          libgraphbolt_pytorch_2.13.0.so"). DGL 1.1.3 has no graphbolt and works with
+#          torch 2.13 (its optional tensoradapter library is not built for 2.13, so DGL uses its
+#          own CPU allocator). DGL is installed with --no-deps so that pip keeps the torch
+#          chosen here. Runs benchmarks/peers/dgl_treelstm.py.
+#
+# Prints one line per peer, "NAME: ok (VERSION)" or "NAME: unavailable: REASON", and always
+# exits 0. Installation logs go to benchmarks/.peers/NAME-setup.log.
+#
+# Environment: PYTHON (default python3), TORCH_VERSION (default 2.13.0), PEERS (default
+# "dynet dgl").
+set -u
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$here/.peers"
+PYTHON="${PYTHON:-python3}"
+TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
+PEERS="${PEERS:-dynet dgl}"
+DYNET_SPEC="dynet38==2.2"
+DGL_VERSION="1.1.3"
+mkdir -p "$root"
+
+# make_venv NAME: create benchmarks/.peers/NAME unless it already has a working python.
+make_venv() {
+    local venv="$root/$1"
+    if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "" 2>/dev/null; then
+        rm -rf "$venv"
+        "$PYTHON" -m venv "$venv" || return 1
+    fi
+}
+
+# last_error LOG: the most telling line of a failed step.
+last_error() {
+    local line
+    line="$(grep -E 'Error|ERROR|error:' "$1" | grep -v '^WARNING' | tail -n 1)"
+    [ -n "$line" ] || line="$(grep -v '^WARNING' "$1" | tail -n 1)"
+    echo "${line:-unknown error (see $1)}"
+}
+
+setup_dynet() {
+    local log="$root/dynet-setup.log" venv="$root/dynet"
+    : >"$log"
+    if ! make_venv dynet >>"$log" 2>&1; then
+        echo "dynet: unavailable: cannot create venv: $(last_error "$log")"
+        return
+    fi
+    if ! "$venv/bin/python" -c "import dynet" >>"$log" 2>&1; then
+        if ! "$venv/bin/pip" install --disable-pip-version-check "$DYNET_SPEC" >>"$log" 2>&1; then
+            echo "dynet: unavailable: pip install $DYNET_SPEC failed: $(last_error "$log")"
+            return
+        fi
+    fi
+    # A tiny forward/backward with autobatching on, as the benchmark uses it.
+    local version
+    if ! version="$("$venv/bin/python" - 2>>"$log" <<'EOF'
+import dynet_config
+dynet_config.set(mem="64", autobatch=1)
+import dynet as dy
+from importlib.metadata import version
+pc = dy.ParameterCollection()
+w = pc.add_parameters((3, 4))
+dy.renew_cg()
+loss = dy.esum([dy.sum_elems(w * dy.inputVector([1.0, 2.0, 3.0, float(k)])) for k in range(3)])
+loss.value()
+loss.backward()
+print(version("dyNET38"))
+EOF
+)"; then
+        echo "dynet: unavailable: import or smoke test failed: $(last_error "$log")"
+        return
+    fi
+    echo "dynet: ok (dynet38 $version)"
+}
+
+setup_dgl() {
+    local log="$root/dgl-setup.log" venv="$root/dgl"
+    : >"$log"
+    if ! make_venv dgl >>"$log" 2>&1; then
+        echo "dgl: unavailable: cannot create venv: $(last_error "$log")"
+        return
+    fi
+    local py="$venv/bin/python" pip="$venv/bin/pip --disable-pip-version-check"
+    if [ "$("$py" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null)" != "$TORCH_VERSION" ]; then
+        if ! $pip install "torch==$TORCH_VERSION" >>"$log" 2>&1; then
+            echo "dgl: unavailable: pip install torch==$TORCH_VERSION failed: $(last_error "$log")"
+            return
+        fi
+    fi
+    if [ "$("$py" -c 'from importlib.metadata import version; print(version("dgl"))' 2>/dev/null)" != "$DGL_VERSION" ]; then
+        if ! $pip install --no-deps "dgl==$DGL_VERSION" >>"$log" 2>&1; then
+            echo "dgl: unavailable: pip install dgl==$DGL_VERSION failed: $(last_error "$log")"
+            return
+        fi
+    fi
+    # DGL's own run-time dependencies (it was installed without them).
+    if ! $pip install "numpy<2" scipy networkx psutil tqdm requests packaging >>"$log" 2>&1; then
+        echo "dgl: unavailable: installing DGL's dependencies failed: $(last_error "$log")"
+        return
+    fi
+    # A tiny batched tree through prop_nodes_topo, forward and backward.
+    local version
+    if ! version="$(DGLBACKEND=pytorch "$py" - 2>>"$log" <<'EOF'
+import warnings
+warnings.filterwarnings("ignore")
+import dgl
+import torch
+g = dgl.batch([dgl.graph(([0, 1], [2, 2])), dgl.graph(([0, 1, 2, 3], [2, 2, 4, 4]))])
+x = torch.ones(g.num_nodes(), 2, requires_grad=True)
+g.ndata["h"] = x * 1.0
+dgl.prop_nodes_topo(g, lambda e: {"m": e.src["h"]}, lambda n: {"h": n.mailbox["m"].sum(1)})
+g.ndata["h"].sum().backward()
+assert float(g.ndata["h"][-1, 0]) == 3.0, g.ndata["h"]
+print(f"dgl {dgl.__version__}, torch {torch.__version__}")
+EOF
+)"; then
+        echo "dgl: unavailable: import or smoke test failed: $(last_error "$log")"
+        return
+    fi
+    echo "dgl: ok ($version)"
+}
+
+for peer in $PEERS; do
+    case "$peer" in
+        dynet) setup_dynet ;;
+        dgl) setup_dgl ;;
+        *) echo "$peer: unavailable: unknown peer" ;;
+    esac
+done
+exit 0

@@ -1,0 +1,1 @@
+"""Data loaders: SST trees, word vectors, CoNLL-U treebanks, molecules, random structures."""

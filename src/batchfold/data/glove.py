@@ -1,0 +1,211 @@
+"""GloVe word vectors: reading the text format and building an embedding matrix for a vocabulary.
+
+The project's data folder ``glove-sst`` holds GloVe 6B vectors filtered to the SST words
+(``glove.6B.50d.sst.txt.gz``), keyed by the lowercased SST token. The full
+``glove.6B.{dim}d.txt`` files from Stanford work too.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TextIO
+
+import torch
+
+from batchfold.data.paths import find_data
+from batchfold.data.sst import unescape_word
+from batchfold.data.vocab import Vocab
+
+__all__ = ["GLOVE_URL", "glove_file", "iter_glove", "load_word_vectors"]
+
+GLOVE_URL = "https://nlp.stanford.edu/data/glove.6B.zip"
+"""Where Stanford distributes the GloVe 6B vectors (50, 100, 200 and 300 dimensions)."""
+
+
+def _open(file: Path) -> TextIO:
+    if file.suffix == ".gz":
+        return gzip.open(file, "rt", encoding="utf-8")
+    return open(file, encoding="utf-8")
+
+
+def _lines(file: Path, dim: int | None) -> Iterator[tuple[int, str, list[str]]]:
+    """``(line number, word, value strings)`` for each line, with the value count checked."""
+    with _open(file) as f:
+        for line_no, line in enumerate(f, 1):
+            word, *values = line.rstrip("\r\n ").split(" ")
+            if not word:
+                found = "a space" if values else "an empty line"
+                raise ValueError(f"{file}:{line_no}: expected a word and its values, found {found}")
+            if dim is None:
+                dim = len(values)
+            if len(values) != dim or dim == 0:
+                raise ValueError(
+                    f"{file}:{line_no}: expected {dim or 'some'} values after the word "
+                    f"{word!r}, found {len(values)}"
+                )
+            yield line_no, word, values
+
+
+def _floats(values: list[str], file: Path, line_no: int) -> list[float]:
+    try:
+        return [float(v) for v in values]
+    except ValueError:
+        bad = next(v for v in values if not _is_float(v))
+        raise ValueError(f"{file}:{line_no}: expected a number, found {bad!r}") from None
+
+
+def _is_float(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def iter_glove(
+    file: str | os.PathLike[str], dim: int | None = None
+) -> Iterator[tuple[str, list[float]]]:
+    """The ``(word, vector)`` pairs of a GloVe text file (gzip-compressed when it ends in .gz).
+
+    Each line is a word and its values, separated by single ASCII spaces.
+
+    Arguments:
+        file: the file to read.
+        dim: the number of values every line must have; by default, as many as the first line.
+
+    Returns:
+        An iterator over the words and their vectors, in file order.
+
+    Raises:
+        ValueError: a line is empty, has the wrong number of values or a value that is not a
+            number; the message starts with ``file:line:``.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> f = pathlib.Path(tempfile.mkdtemp()) / "tiny.txt"
+        >>> _ = f.write_text("the 0.5 -1\\nbad 1 2 3\\n")
+        >>> it = iter_glove(f)
+        >>> next(it)
+        ('the', [0.5, -1.0])
+        >>> next(it)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: ...tiny.txt:2: expected 2 values after the word 'bad', found 3
+    """
+    path = Path(file)
+    for line_no, word, values in _lines(path, dim):
+        yield word, _floats(values, path, line_no)
+
+
+def glove_file(path: str | os.PathLike[str] | None = None, dim: int = 50) -> Path:
+    """Find the GloVe file of dimension ``dim``.
+
+    ``path`` may name the file itself or a folder; without it the ``glove-sst`` data folder is
+    used (see :func:`batchfold.data.paths.find_data`). In a folder the first of
+    ``glove.6B.{dim}d.sst.txt.gz``, ``glove.6B.{dim}d.sst-partial.txt.gz``,
+    ``glove.6B.{dim}d.txt.gz`` and ``glove.6B.{dim}d.txt`` that exists is taken.
+
+    Arguments:
+        path: a GloVe file or a folder holding one.
+        dim: the vector dimension, which picks the file name in a folder.
+
+    Returns:
+        An existing file.
+
+    Raises:
+        FileNotFoundError: no such file; the message says where to get GloVe.
+
+    Example:
+        >>> glove_file("no/such/folder")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        FileNotFoundError: no GloVe 50d vectors found at no/such/folder. ...
+    """
+    found = find_data("glove-sst", path)
+    names = [
+        f"glove.6B.{dim}d.sst.txt.gz",
+        f"glove.6B.{dim}d.sst-partial.txt.gz",
+        f"glove.6B.{dim}d.txt.gz",
+        f"glove.6B.{dim}d.txt",
+    ]
+    if found is not None and found.is_file():
+        return found
+    if found is not None:
+        for name in names:
+            if (found / name).is_file():
+                return found / name
+    where = f"at {path}" if path is not None else "(no glove-sst data folder)"
+    if found is not None:
+        where = f"in {found} (looked for {', '.join(names)})"
+    raise FileNotFoundError(
+        f"no GloVe {dim}d vectors found {where}. GloVe 6B comes from {GLOVE_URL} (Stanford "
+        f"NLP); pass glove.6B.{dim}d.txt or a folder holding it as path=..., or place the "
+        f"SST-filtered file glove.6B.{dim}d.sst.txt.gz in a folder named glove-sst under "
+        "$BATCHFOLD_DATA."
+    )
+
+
+def load_word_vectors(
+    vocab: Vocab | Sequence[str],
+    path: str | os.PathLike[str] | None = None,
+    dim: int = 50,
+    seed: int = 0,
+    *,
+    init_range: float = 0.05,
+) -> tuple[torch.Tensor, float]:
+    """An embedding matrix for ``vocab`` with GloVe vectors where there are some.
+
+    Row ``i`` is the vector of word ``i`` looked up lowercased (GloVe 6B is uncased), and if
+    that is missing, of its unescaped form lowercased (``-LRB-`` as ``(``). A word with no
+    vector, and the :data:`~batchfold.data.vocab.UNK` entry of a :class:`Vocab`, gets a
+    uniform random vector in ``[-init_range, init_range)``; the random rows come from a
+    generator seeded with ``seed`` and do not depend on which words were found.
+
+    Arguments:
+        vocab: the vocabulary, or a plain list of words (row ``i`` for ``vocab[i]``).
+        path: a GloVe file or a folder holding one (see :func:`glove_file`).
+        dim: the vector dimension.
+        seed: the seed of the random vectors.
+        init_range: the bound of the random vectors.
+
+    Returns:
+        The ``[len(vocab), dim]`` float32 matrix, and the coverage: the fraction of the words
+        (not counting a :class:`Vocab`'s UNK entry) that have a GloVe vector.
+
+    Raises:
+        FileNotFoundError: no GloVe file was found.
+        ValueError: a malformed line (the message names the file and line).
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> f = pathlib.Path(tempfile.mkdtemp()) / "tiny.txt"
+        >>> _ = f.write_text("good 1 2\\nbad 3 4\\n")
+        >>> matrix, coverage = load_word_vectors(Vocab(["Good", "meh"]), f, dim=2)
+        >>> matrix[1].tolist(), coverage
+        ([1.0, 2.0], 0.5)
+    """
+    words = vocab.words if isinstance(vocab, Vocab) else list(vocab)
+    first = 1 if isinstance(vocab, Vocab) else 0  # the UNK row is never looked up
+    file = glove_file(path, dim)
+    keys = [(word.lower(), unescape_word(word).lower()) for word in words[first:]]
+    wanted = {key for pair in keys for key in pair}
+    found: dict[str, list[float]] = {}
+    for line_no, word, values in _lines(file, dim):
+        if word in wanted and word not in found:
+            found[word] = _floats(values, file, line_no)
+    generator = torch.Generator().manual_seed(seed)
+    matrix = (torch.rand(len(words), dim, generator=generator) * 2 - 1) * init_range
+    rows: list[int] = []
+    vectors: list[list[float]] = []
+    for row, (key, fallback) in enumerate(keys, first):
+        vector = found.get(key) or found.get(fallback)
+        if vector is not None:
+            rows.append(row)
+            vectors.append(vector)
+    if rows:
+        matrix[rows] = torch.tensor(vectors, dtype=torch.float32)
+    coverage = len(rows) / len(keys) if keys else 0.0
+    return matrix, coverage

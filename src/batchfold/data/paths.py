@@ -1,0 +1,50 @@
+"""Where data sets are found: an explicit path, ``$BATCHFOLD_DATA``, or a ``shared/data`` folder.
+
+Loaders call :func:`find_data` with the name of a data folder (``"sst"``, ``"glove-sst"``, ...).
+The search order is: the path the user gave; ``$BATCHFOLD_DATA/<name>``; ``shared/data/<name>``
+and ``../shared/data/<name>`` relative to the working directory and to the source checkout.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+_CHECKOUT = Path(__file__).resolve().parents[3]
+
+
+def data_roots() -> list[Path]:
+    """Folders searched for data sets, in order.
+
+    Returns:
+        The candidate ``data`` folders (they need not exist).
+    """
+    roots = []
+    if env := os.environ.get("BATCHFOLD_DATA"):
+        roots.append(Path(env))
+    for base in (Path.cwd(), _CHECKOUT):
+        roots += [base / "shared" / "data", base.parent / "shared" / "data"]
+    return roots
+
+
+def find_data(name: str, path: str | os.PathLike[str] | None = None) -> Path | None:
+    """The folder holding data set ``name``, or ``None`` when it is nowhere to be found.
+
+    Arguments:
+        name: the data set's folder name, such as ``"sst"``.
+        path: a folder the user named; when given, it is the only place looked at.
+
+    Returns:
+        An existing folder, or ``None``.
+
+    Example:
+        >>> find_data("no-such-data-set") is None
+        True
+    """
+    if path is not None:
+        candidate = Path(path)
+        return candidate if candidate.exists() else None
+    for root in data_roots():
+        if (root / name).is_dir():
+            return root / name
+    return None

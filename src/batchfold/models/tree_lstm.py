@@ -1,0 +1,458 @@
+"""Tree-LSTM and Tree-RNN cells, a node-level classifier, and two plain-PyTorch executions.
+
+The cells work on one instance (``x`` of shape ``[in]``, ``h`` of shape ``[hidden]``) and on a
+batch (a leading dimension ``[n, ...]``) alike: they only use ``nn.Linear``, element-wise
+functions and ``dim=-1`` splits, with no branching on values.
+
+Two reference executions of :class:`TreeLSTMClassifier` on a batch of
+:class:`~batchfold.data.trees.BinaryTree` are given, both summing the cross-entropy of every
+node's label:
+
+* :func:`naive_batch_loss` (via :func:`per_tree_loss`): one node at a time, no batching.
+* :func:`level_batched_loss`: hand-written batching by level (height above the leaves): all
+  leaves in one call, then one cell call per level over the children's states gathered with
+  ``index_select``.
+
+Both give the same loss and gradients (up to rounding).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from batchfold.data.trees import BinaryTree
+
+__all__ = [
+    "BinaryTreeLSTMCell",
+    "FlatTrees",
+    "FoldBenchmarkCell",
+    "TreeLSTMClassifier",
+    "TreeRNNCell",
+    "flatten_trees",
+    "level_batched_loss",
+    "naive_batch_loss",
+    "per_tree_loss",
+]
+
+
+class BinaryTreeLSTMCell(nn.Module):
+    """The binary (N = 2) N-ary Tree-LSTM cell of Tai et al. (2015).
+
+    Leaves: ``i, o, u = split(W x + b)``; ``c = sigmoid(i) * tanh(u)``;
+    ``h = sigmoid(o) * tanh(c)``. Internal nodes have no input; with ``U [h_l; h_r] + b`` split
+    into ``i, f_l, f_r, o, u`` (a forget gate per child):
+    ``c = sigmoid(i) * tanh(u) + sigmoid(f_l) * c_l + sigmoid(f_r) * c_r`` and
+    ``h = sigmoid(o) * tanh(c)``.
+
+    Arguments:
+        in_dim: the size of a leaf's input vector.
+        hidden: the size of ``h`` and ``c``.
+
+    Example:
+        >>> cell = BinaryTreeLSTMCell(4, 3)
+        >>> h, c = cell.leaf(torch.zeros(4))
+        >>> h2, c2 = cell(h, c, h, c)
+        >>> tuple(h2.shape), tuple(cell.leaf(torch.zeros(7, 4))[0].shape)
+        ((3,), (7, 3))
+    """
+
+    def __init__(self, in_dim: int, hidden: int) -> None:
+        super().__init__()
+        self.in_dim = in_dim
+        self.hidden = hidden
+        self.leaf_gates = nn.Linear(in_dim, 3 * hidden)  # -> i, o, u
+        self.node_gates = nn.Linear(2 * hidden, 5 * hidden)  # -> i, f_l, f_r, o, u
+
+    def leaf(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """The state of a leaf (or a batch of leaves) from its input vector.
+
+        Arguments:
+            x: input, ``[..., in_dim]``.
+
+        Returns:
+            ``(h, c)``, each ``[..., hidden]``.
+        """
+        sig, u = self.leaf_gates(x).split([2 * self.hidden, self.hidden], dim=-1)
+        i, o = torch.sigmoid(sig).chunk(2, dim=-1)
+        c = i * torch.tanh(u)
+        return o * torch.tanh(c), c
+
+    def forward(self, h_l: Tensor, c_l: Tensor, h_r: Tensor, c_r: Tensor) -> tuple[Tensor, Tensor]:
+        """The state of an internal node (or a batch of them) from its two children's states.
+
+        Arguments:
+            h_l: the left child's ``h``, ``[..., hidden]``.
+            c_l: the left child's ``c``, ``[..., hidden]``.
+            h_r: the right child's ``h``, ``[..., hidden]``.
+            c_r: the right child's ``c``, ``[..., hidden]``.
+
+        Returns:
+            ``(h, c)``, each ``[..., hidden]``.
+        """
+        return self.forward_cat(torch.cat([h_l, h_r], dim=-1), c_l, c_r)
+
+    def forward_cat(self, h_lr: Tensor, c_l: Tensor, c_r: Tensor) -> tuple[Tensor, Tensor]:
+        """:meth:`forward` with the children's ``h`` already concatenated, ``[h_l; h_r]``.
+
+        Arguments:
+            h_lr: ``[..., 2 * hidden]``.
+            c_l: the left child's ``c``, ``[..., hidden]``.
+            c_r: the right child's ``c``, ``[..., hidden]``.
+
+        Returns:
+            ``(h, c)``, each ``[..., hidden]``.
+        """
+        sig, u = self.node_gates(h_lr).split([4 * self.hidden, self.hidden], dim=-1)
+        i, f_l, f_r, o = torch.sigmoid(sig).chunk(4, dim=-1)
+        c = i * torch.tanh(u) + f_l * c_l + f_r * c_r
+        return o * torch.tanh(c), c
+
+
+class TreeRNNCell(nn.Module):
+    """The plain recursive network of Socher et al.: ``h = tanh(W [h_l; h_r] + b)``.
+
+    Leaves compute ``h = tanh(W_leaf x + b_leaf)``. The state is the single vector ``h``, so
+    :meth:`leaf` and :meth:`forward` return one tensor (there is no memory cell).
+
+    Arguments:
+        in_dim: the size of a leaf's input vector.
+        hidden: the size of ``h``.
+
+    Example:
+        >>> cell = TreeRNNCell(4, 3)
+        >>> h = cell(cell.leaf(torch.zeros(5, 4)), cell.leaf(torch.ones(5, 4)))
+        >>> tuple(h.shape)
+        (5, 3)
+    """
+
+    def __init__(self, in_dim: int, hidden: int) -> None:
+        super().__init__()
+        self.in_dim = in_dim
+        self.hidden = hidden
+        self.leaf_layer = nn.Linear(in_dim, hidden)
+        self.node_layer = nn.Linear(2 * hidden, hidden)
+
+    def leaf(self, x: Tensor) -> Tensor:
+        """The state of a leaf (or a batch of leaves).
+
+        Arguments:
+            x: input, ``[..., in_dim]``.
+
+        Returns:
+            ``h``, ``[..., hidden]``.
+        """
+        return torch.tanh(self.leaf_layer(x))
+
+    def forward(self, h_l: Tensor, h_r: Tensor) -> Tensor:
+        """The state of an internal node (or a batch of them) from its two children's states.
+
+        Arguments:
+            h_l: the left child's state, ``[..., hidden]``.
+            h_r: the right child's state, ``[..., hidden]``.
+
+        Returns:
+            ``h``, ``[..., hidden]``.
+        """
+        return torch.tanh(self.node_layer(torch.cat([h_l, h_r], dim=-1)))
+
+
+class FoldBenchmarkCell(nn.Module):
+    """The tree cell of TensorFlow Fold's ICLR 2017 benchmark: one state vector of size ``d``.
+
+    Leaves look their state up in an embedding table. An internal node with children states
+    ``l`` and ``r`` computes ``z = relu(W1 [l; r] + b1)``, splits ``W2 z + b2`` into
+    ``f_l, f_r, i, g`` and returns
+    ``sigmoid(f_l) * l + sigmoid(f_r) * r + sigmoid(i) * tanh(g)`` (no output gate).
+
+    Arguments:
+        vocab_size: the number of leaf word ids.
+        d: the state size.
+
+    Example:
+        >>> cell = FoldBenchmarkCell(10, 8)
+        >>> l, r = cell.leaf(torch.tensor([1, 2])), cell.leaf(torch.tensor([3, 4]))
+        >>> tuple(cell(l, r).shape), tuple(cell(l[0], r[0]).shape)
+        ((2, 8), (8,))
+    """
+
+    def __init__(self, vocab_size: int, d: int) -> None:
+        super().__init__()
+        self.d = d
+        self.embedding = nn.Embedding(vocab_size, d)
+        self.hidden_layer = nn.Linear(2 * d, d)
+        self.gate_layer = nn.Linear(d, 4 * d)  # -> f_l, f_r, i, g
+
+    def leaf(self, words: Tensor) -> Tensor:
+        """The state of a leaf (or a batch of leaves): the embedding of its word id.
+
+        Arguments:
+            words: word ids, ``[...]`` (int64).
+
+        Returns:
+            ``[..., d]``.
+        """
+        return self.embedding(words)
+
+    def forward(self, left: Tensor, right: Tensor) -> Tensor:
+        """The state of an internal node (or a batch of them).
+
+        Arguments:
+            left: the left child's state, ``[..., d]``.
+            right: the right child's state, ``[..., d]``.
+
+        Returns:
+            ``[..., d]``.
+        """
+        z = torch.relu(self.hidden_layer(torch.cat([left, right], dim=-1)))
+        sig, g = self.gate_layer(z).split([3 * self.d, self.d], dim=-1)
+        f_l, f_r, i = torch.sigmoid(sig).chunk(3, dim=-1)
+        return f_l * left + f_r * right + i * torch.tanh(g)
+
+
+class TreeLSTMClassifier(nn.Module):
+    """A Tree-LSTM that classifies every node of a binary tree (as on the Sentiment Treebank).
+
+    Word vectors feed the leaves; each node's ``h`` goes through dropout and a linear output
+    layer to give its class logits. Dropout (when ``dropout > 0``) applies to word vectors and
+    to ``h`` before the output layer.
+
+    Arguments:
+        vocab_size: the number of word ids.
+        emb_dim: the word vector size.
+        hidden: the Tree-LSTM state size.
+        n_classes: the number of labels.
+        dropout: the dropout probability.
+
+    Example:
+        >>> model = TreeLSTMClassifier(100, emb_dim=6, hidden=4)
+        >>> h, c = model.cell.leaf(model.embed(torch.tensor([1, 2, 3])))
+        >>> tuple(model(h).shape)
+        (3, 5)
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        emb_dim: int = 300,
+        hidden: int = 150,
+        n_classes: int = 5,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, emb_dim)
+        self.cell = BinaryTreeLSTMCell(emb_dim, hidden)
+        self.dropout: nn.Module = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.output = nn.Linear(hidden, n_classes)
+
+    def embed(self, words: Tensor) -> Tensor:
+        """Word vectors (with dropout) for word ids.
+
+        Arguments:
+            words: word ids, ``[...]`` (int64).
+
+        Returns:
+            ``[..., emb_dim]``.
+        """
+        return self.dropout(self.embedding(words))
+
+    def forward(self, h: Tensor) -> Tensor:
+        """Class logits from node states.
+
+        Arguments:
+            h: node states, ``[..., hidden]``.
+
+        Returns:
+            Logits, ``[..., n_classes]``.
+        """
+        return self.output(self.dropout(h))
+
+
+def per_tree_loss(model: TreeLSTMClassifier, tree: BinaryTree) -> Tensor:
+    """The summed cross-entropy of every node of one tree, computed one node at a time.
+
+    This is the unbatched reference: a post-order walk (no recursion) calling the cell once per
+    node and the output layer once per node. The tree's word vectors are looked up in one call.
+
+    Arguments:
+        model: the classifier.
+        tree: the tree; every node's ``label`` is its target.
+
+    Returns:
+        A scalar loss.
+
+    Example:
+        >>> from batchfold.data.trees import random_tree
+        >>> _ = torch.manual_seed(0)
+        >>> model = TreeLSTMClassifier(1000, emb_dim=8, hidden=4)
+        >>> per_tree_loss(model, random_tree(5, rng=0)).shape
+        torch.Size([])
+    """
+    cell = model.cell
+    words = [n.word for n in tree.nodes() if n.left is None]
+    x = model.embed(torch.tensor(words, device=model.output.weight.device))  # [n_leaves, emb]
+    n_read = 0
+    stack: list[tuple[Tensor, Tensor]] = []
+    losses: list[Tensor] = []
+    for node in tree.nodes():
+        if node.left is None:
+            h, c = cell.leaf(x[n_read])
+            n_read += 1
+        else:
+            h_r, c_r = stack.pop()
+            h_l, c_l = stack.pop()
+            h, c = cell(h_l, c_l, h_r, c_r)
+        stack.append((h, c))
+        losses.append(-F.log_softmax(model(h), dim=-1)[node.label])
+    return torch.stack(losses).sum()
+
+
+def naive_batch_loss(model: TreeLSTMClassifier, trees: Sequence[BinaryTree]) -> Tensor:
+    """The summed node loss of a batch of trees, one tree and one node at a time.
+
+    Arguments:
+        model: the classifier.
+        trees: the batch.
+
+    Returns:
+        A scalar loss, the sum of :func:`per_tree_loss` over the trees.
+    """
+    return torch.stack([per_tree_loss(model, t) for t in trees]).sum()
+
+
+@dataclass(frozen=True)
+class FlatTrees:
+    """A batch of trees flattened into index arrays, with nodes ordered by level.
+
+    Level ``k`` is a node's height above the leaves (leaves are level 0). Positions
+    ``offsets[k]:offsets[k + 1]`` hold the nodes of level ``k``, so the leaves come first.
+
+    Arguments:
+        words: the word ids of the leaves, ``[n_leaves]`` (int64).
+        labels: every node's label in level order, ``[n_nodes]`` (int64).
+        children: for the internal nodes in level order, their children's positions
+            interleaved ``l0, r0, l1, r1, ...``, ``[2 * (n_nodes - n_leaves)]`` (int64).
+        offsets: level boundaries, ``[n_levels + 1]``.
+    """
+
+    words: Tensor
+    labels: Tensor
+    children: Tensor
+    offsets: list[int]
+
+    @property
+    def n_nodes(self) -> int:
+        """The number of nodes in the batch."""
+        return self.offsets[-1]
+
+
+def flatten_trees(trees: Sequence[BinaryTree], device: torch.device | str = "cpu") -> FlatTrees:
+    """Flatten a batch of trees into level-ordered index arrays (see :class:`FlatTrees`).
+
+    Arguments:
+        trees: the batch (at least one tree).
+        device: where the index tensors go.
+
+    Returns:
+        The flattened batch.
+
+    Example:
+        >>> from batchfold.data.trees import chain
+        >>> flat = flatten_trees([chain(3), BinaryTree.leaf(7)])
+        >>> flat.offsets, flat.children.tolist()
+        ([0, 4, 5, 6], [0, 1, 4, 2])
+    """
+    words: list[int] = []  # per node in post-order; -1 on internal nodes
+    labels: list[int] = []
+    levels: list[int] = []
+    left: list[int] = []  # per node; -1 on leaves
+    right: list[int] = []
+    for tree in trees:
+        done: list[int] = []  # finished subtrees' node ids, as a stack
+        todo: list[tuple[BinaryTree, bool]] = [(tree, False)]
+        while todo:
+            node, expanded = todo.pop()
+            if node.left is None or node.right is None:
+                done.append(len(words))
+                words.append(node.word if node.word is not None else -1)
+                labels.append(node.label)
+                levels.append(0)
+                left.append(-1)
+                right.append(-1)
+            elif expanded:
+                r = done.pop()
+                lf = done.pop()
+                done.append(len(words))
+                words.append(-1)
+                labels.append(node.label)
+                levels.append(max(levels[lf], levels[r]) + 1)
+                left.append(lf)
+                right.append(r)
+            else:
+                todo += [(node, True), (node.right, False), (node.left, False)]
+    level = np.asarray(levels, dtype=np.int64)
+    order = np.argsort(level, kind="stable")  # position -> node id
+    position = np.empty_like(order)
+    position[order] = np.arange(len(order))  # node id -> position
+    counts = np.bincount(level)
+    n_leaves = int(counts[0])
+    inner = order[n_leaves:]
+    children = np.stack(
+        [position[np.asarray(left)[inner]], position[np.asarray(right)[inner]]], axis=1
+    ).reshape(-1)
+    offsets = [0, *np.cumsum(counts).tolist()]
+    return FlatTrees(
+        words=torch.as_tensor(np.asarray(words)[order[:n_leaves]], device=device),
+        labels=torch.as_tensor(np.asarray(labels)[order], device=device),
+        children=torch.as_tensor(children, device=device),
+        offsets=offsets,
+    )
+
+
+def level_batched_loss(model: TreeLSTMClassifier, trees: Sequence[BinaryTree]) -> Tensor:
+    """The summed node loss of a batch of trees, batched by hand level by level.
+
+    All trees are flattened (:func:`flatten_trees`); all leaves run in one cell call, then each
+    level runs in one cell call on its children's states, gathered with ``index_select`` from the
+    states of the levels below. One output layer call and one cross-entropy cover all nodes.
+
+    Arguments:
+        model: the classifier.
+        trees: the batch.
+
+    Returns:
+        A scalar loss, equal to :func:`naive_batch_loss` up to rounding.
+
+    Example:
+        >>> from batchfold.data.trees import random_trees
+        >>> _ = torch.manual_seed(0)
+        >>> model = TreeLSTMClassifier(1000, emb_dim=8, hidden=4).double()
+        >>> trees = random_trees(4, 1, 9, rng=0)
+        >>> a, b = level_batched_loss(model, trees), naive_batch_loss(model, trees)
+        >>> bool(torch.allclose(a, b, rtol=1e-12))
+        True
+    """
+    cell = model.cell
+    hidden = cell.hidden
+    flat = flatten_trees(trees, device=model.output.weight.device)
+    h, c = cell.leaf(model.embed(flat.words))  # [n_leaves, hidden] each
+    hs, cs = [h], [c]
+    h_all, c_all = h, c  # states of every node so far, in level order
+    off, n_leaves = flat.offsets, flat.offsets[1]
+    for k in range(1, len(off) - 1):
+        m = off[k + 1] - off[k]  # nodes on level k
+        idx = flat.children[2 * (off[k] - n_leaves) : 2 * (off[k + 1] - n_leaves)]  # [2m]
+        h_lr = h_all.index_select(0, idx).view(m, 2 * hidden)  # [m, 2 * hidden] = [h_l; h_r]
+        c_lr = c_all.index_select(0, idx).view(m, 2, hidden)  # [m, 2, hidden]
+        h, c = cell.forward_cat(h_lr, c_lr[:, 0], c_lr[:, 1])
+        hs.append(h)
+        cs.append(c)
+        h_all = torch.cat(hs)
+        if k < len(off) - 2:
+            c_all = torch.cat(cs)
+    return F.cross_entropy(model(h_all), flat.labels, reduction="sum")

@@ -1,0 +1,50 @@
+"""Statistics of one ``batch_map`` run: how much was batched and where the time went."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .schedule import Plan
+
+
+@dataclass
+class Stats:
+    """What one run recorded, how it was batched, and the seconds spent in each phase.
+
+    ``fallbacks`` counts, per op, the nodes that ran through ``torch.func.vmap`` or one
+    instance at a time because the op has no batching rule of its own.
+    """
+
+    instances: int = 0
+    nodes: int = 0
+    steps: int = 0
+    segments: int = 0
+    fallbacks: dict[str, int] = field(default_factory=dict)
+    record_s: float = 0.0
+    schedule_s: float = 0.0
+    execute_s: float = 0.0
+    plan: Plan | None = None
+
+    @property
+    def mean_batch(self) -> float:
+        """Mean number of nodes per batched step."""
+        return self.nodes / self.steps if self.steps else 0.0
+
+    @property
+    def total_s(self) -> float:
+        """Seconds spent recording, scheduling and executing."""
+        return self.record_s + self.schedule_s + self.execute_s
+
+    def __str__(self) -> str:
+        lines = [
+            f"{self.instances} instances, {self.nodes} nodes in {self.steps} steps "
+            f"(mean batch {self.mean_batch:.1f}, {self.segments} segment(s))",
+            f"time: record {self.record_s * 1e3:.1f} ms, schedule {self.schedule_s * 1e3:.1f} ms, "
+            f"execute {self.execute_s * 1e3:.1f} ms",
+        ]
+        if self.fallbacks:
+            lines.append(
+                "no batching rule (vmap or per instance): "
+                + ", ".join(f"{name} x{count}" for name, count in sorted(self.fallbacks.items()))
+            )
+        return "\n".join(lines)

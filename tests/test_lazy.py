@@ -1,0 +1,211 @@
+"""batch_map equals eager per-instance execution on random trees, DAGs and sequences."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+import batchfold as bf
+from batchfold.schedule import Scheduler
+from reference import assert_matches_eager
+
+SCHEDULERS = ["agenda", "depth"]
+pytestmark = pytest.mark.usefixtures("float64")
+
+
+def random_tree(rng: random.Random, leaves: int, vocab: int = 20) -> Any:
+    """A nested-tuple binary tree with int leaves."""
+    if leaves == 1:
+        return rng.randrange(vocab)
+    split = rng.randint(1, leaves - 1)
+    return (random_tree(rng, split, vocab), random_tree(rng, leaves - split, vocab))
+
+
+class TreeLSTM(nn.Module):
+    """A binary Tree-LSTM written for one tree at a time (recursive, unbatched)."""
+
+    def __init__(self, vocab: int = 20, dim: int = 6, hidden: int = 5, classes: int = 3) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.leaf = nn.Linear(dim, 3 * hidden)
+        self.node = nn.Linear(2 * hidden, 5 * hidden)
+        self.out = nn.Linear(hidden, classes)
+
+    def encode(self, tree: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if isinstance(tree, int):
+            i, o, u = self.leaf(self.embed(torch.tensor(tree))).chunk(3, dim=-1)
+            c = torch.sigmoid(i) * torch.tanh(u)
+            h = torch.sigmoid(o) * torch.tanh(c)
+            loss = F.cross_entropy(self.out(h), torch.tensor(tree % 3))
+            return h, c, loss
+        hl, cl, ll = self.encode(tree[0])
+        hr, cr, lr = self.encode(tree[1])
+        i, fl, fr, o, u = self.node(torch.cat([hl, hr])).chunk(5)
+        c = i.sigmoid() * u.tanh() + fl.sigmoid() * cl + torch.sigmoid(fr) * cr
+        h = torch.sigmoid(o) * torch.tanh(c)
+        return h, c, ll + lr + F.cross_entropy(self.out(h), torch.tensor(1))
+
+    def forward(self, tree: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        h, _, loss = self.encode(tree)
+        return h, loss
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 10_000), count=st.integers(1, 6))
+def test_tree_lstm_matches_eager(scheduler: Scheduler, seed: int, count: int) -> None:
+    rng = random.Random(seed)
+    model = TreeLSTM()
+    trees = [random_tree(rng, rng.randint(1, 12)) for _ in range(count)]
+    assert_matches_eager(model, trees, model, scheduler)
+
+
+class DagNet(nn.Module):
+    """Each DAG node combines the mean of its parents' states; per-node readout summed."""
+
+    def __init__(self, dim: int = 4) -> None:
+        super().__init__()
+        self.start = nn.Parameter(torch.randn(dim))
+        self.mix = nn.Linear(dim, dim)
+        self.gate = nn.Linear(2 * dim, dim)
+
+    def forward(self, dag: list[list[int]]) -> torch.Tensor:
+        states: list[torch.Tensor] = []
+        for parents in dag:
+            if not parents:
+                states.append(torch.tanh(self.mix(self.start + torch.zeros(4))))
+                continue
+            mean = torch.stack([states[p] for p in parents]).mean(0)
+            first = states[parents[0]]
+            gate = torch.sigmoid(self.gate(torch.cat([mean, first])))
+            states.append(gate * torch.relu(self.mix(mean)) + (1 - gate) * first)
+        return torch.stack(states).sum(0) + states[-1].max() + F.softmax(states[-1], -1)[0]
+
+
+def random_dag(rng: random.Random, size: int) -> list[list[int]]:
+    """Node i's parents are a few earlier nodes (node 0 has none)."""
+    return [[] if i == 0 else rng.sample(range(i), rng.randint(1, min(3, i))) for i in range(size)]
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 10_000), count=st.integers(1, 5))
+def test_dag_matches_eager(scheduler: Scheduler, seed: int, count: int) -> None:
+    rng = random.Random(seed)
+    model = DagNet()
+    dags = [random_dag(rng, rng.randint(1, 9)) for _ in range(count)]
+    assert_matches_eager(model, dags, model, scheduler)
+
+
+class SequenceNet(nn.Module):
+    """LSTMCell and GRUCell over a sequence, with slicing, splitting and reductions."""
+
+    def __init__(self, vocab: int = 15, dim: int = 6, hidden: int = 4) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.lstm = nn.LSTMCell(dim, hidden)
+        self.gru = nn.GRUCell(dim, hidden)
+        self.out = nn.Linear(2 * hidden, 3)
+
+    def forward(self, words: list[int]) -> dict[str, torch.Tensor]:
+        xs = self.embed(torch.tensor(words))  # [len, dim]
+        h = c = torch.zeros(4)
+        g = torch.zeros(4)
+        outs = []
+        for t in range(len(words)):
+            h, c = self.lstm(xs[t], (h, c))
+            g = self.gru(xs[t], g)
+            outs.append(torch.cat([h, g], dim=-1))
+        seq = torch.stack(outs)  # [len, 2 * hidden]
+        first, second = seq.split(4, dim=1)
+        logits = self.out(seq)
+        loss = F.cross_entropy(logits, torch.tensor([w % 3 for w in words]))
+        return {
+            "loss": loss,
+            "pooled": seq.max(dim=0).values + seq.mean(0) - torch.cat([first, second], 1).sum(0),
+            "probs": F.log_softmax(logits[-1], dim=-1) + second[-1, 1:3].sum(),
+            "window": seq[:2].reshape(-1)[:3] * 2.0 + xs.t()[0, 0],
+        }
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 10_000), count=st.integers(1, 6))
+def test_sequences_match_eager(scheduler: Scheduler, seed: int, count: int) -> None:
+    rng = random.Random(seed)
+    model = SequenceNet()
+    seqs = [[rng.randrange(15) for _ in range(rng.randint(2, 7))] for _ in range(count)]
+    assert_matches_eager(model, seqs, model, scheduler)
+
+
+def test_schedulers_agree_on_values() -> None:
+    rng = random.Random(3)
+    model = TreeLSTM()
+    trees = [random_tree(rng, rng.randint(1, 20)) for _ in range(10)]
+    agenda = bf.batch_map(model, trees, scheduler="agenda")
+    depth = bf.batch_map(model, trees, scheduler="depth")
+    for (ha, la), (hd, ld) in zip(agenda, depth, strict=True):
+        torch.testing.assert_close(ha, hd, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(la, ld, rtol=1e-12, atol=1e-12)
+
+
+def test_results_keep_python_values_and_structure() -> None:
+    out = bf.batch_map(lambda x: {"n": x, "t": (torch.tensor(float(x)) * 2, None)}, [1, 2])
+    assert out[1]["n"] == 2 and out[1]["t"][1] is None
+    assert out[1]["t"][0].item() == 4.0
+
+
+def test_function_wrapper_batches_a_cell_as_one_node() -> None:
+    model = TreeLSTM()
+    cell = bf.function(lambda a, b: torch.tanh(model.node(torch.cat([a, b], -1))[:5]))
+    batched_cell = bf.function(
+        lambda a, b: torch.tanh(model.node(torch.cat([a, b], -1))[:, :5]), batched=True
+    )
+
+    def encode(tree: Any, f: Any) -> torch.Tensor:
+        if isinstance(tree, int):
+            return model.embed(torch.tensor(tree))[:5]
+        return f(encode(tree[0], f), encode(tree[1], f))
+
+    rng = random.Random(1)
+    trees = [random_tree(rng, rng.randint(1, 10)) for _ in range(5)]
+    for f in (cell, batched_cell):
+        stats = assert_matches_eager(lambda t, f=f: encode(t, f), trees, model)
+        internal = sum(_count_internal(t) for t in trees)
+        name = "<lambda>"
+        assert stats.plan is not None
+        assert sum(len(s.nodes) for s in stats.plan.steps if s.sig.name == name) == internal
+
+
+def _count_internal(tree: Any) -> int:
+    return 0 if isinstance(tree, int) else 1 + _count_internal(tree[0]) + _count_internal(tree[1])
+
+
+def test_in_place_ops_and_item_assignment() -> None:
+    def fn(x: float) -> torch.Tensor:
+        v = torch.tensor([x, 2 * x, 3.0])
+        v.mul_(2)
+        v[1] = v[0] + 1
+        v += 1
+        return v
+
+    assert_matches_eager(fn, [1.0, 2.0, 5.0])
+
+
+def test_reading_a_value_runs_the_graph_so_far() -> None:
+    def fn(x: float) -> torch.Tensor:
+        y = torch.tensor(x) * 3
+        if y.item() > 4:  # a read: the pending graph runs, then recording goes on
+            return y + 1
+        return y - 1
+
+    out, stats = bf.batch_map(fn, [1.0, 2.0, 3.0], return_stats=True)
+    assert [o.item() for o in out] == [2.0, 7.0, 10.0]
+    assert stats.segments >= 2

@@ -1,0 +1,175 @@
+"""Every batching rule, and the vmap and per-instance fallbacks, against eager execution."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import batchfold as bf
+from batchfold.schedule import Scheduler
+from reference import assert_matches_eager
+
+pytestmark = pytest.mark.usefixtures("float64")
+
+
+class Shared(nn.Module):
+    """Parameters the per-instance code shares; gradients are checked for each of them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 3))
+        self.v = nn.Parameter(torch.randn(3))
+        self.lin = nn.Linear(3, 5)
+        self.emb = nn.Embedding(10, 3)
+        self.norm = nn.LayerNorm(3)
+        self.lstm = nn.LSTMCell(3, 2)
+        self.gru = nn.GRUCell(3, 2)
+
+
+S = Shared().double()
+Op = Callable[[torch.Tensor], Any]
+
+# each op takes x: [4, 3] per instance, a shared-parameter product so gradients flow
+OPS: dict[str, Op] = {
+    "tanh": torch.tanh,
+    "sigmoid-method": lambda x: x.sigmoid(),
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "leaky_relu": lambda x: F.leaky_relu(x, 0.1),
+    "exp-log": lambda x: torch.log(x.exp() + 1),
+    "sqrt-abs": lambda x: (x.abs() + 0.1).sqrt(),
+    "add-shared-row": lambda x: x + S.v,
+    "radd-scalar": lambda x: 2.0 + x,
+    "rsub": lambda x: 1 - x,
+    "mul-shared-matrix": lambda x: x * S.w,
+    "div": lambda x: x / (x.abs() + 1),
+    "pow": lambda x: x**2,
+    "where-compare": lambda x: torch.where(x > 0, x, S.v * 2),
+    "clamp": lambda x: x.clamp(-0.5, 0.5),
+    "maximum": lambda x: torch.maximum(x, S.v),
+    "dropout-eval": lambda x: F.dropout(x, 0.5, training=False),
+    "broadcast-lazy-lazy": lambda x: x + x[0],
+    "linear": S.lin,
+    "linear-row": lambda x: S.lin(x[1]),
+    "layer_norm": S.norm,
+    "matmul-left": lambda x: x @ S.w.t(),
+    "matmul-right": lambda x: S.w.t() @ x,
+    "matmul-vector-right": lambda x: S.w @ x[0],
+    "mm": lambda x: torch.mm(x, S.w.t()),
+    "mv": lambda x: torch.mv(x, S.v),
+    "matmul-lazy-lazy": lambda x: x @ x.t(),
+    "embedding": lambda x: S.emb(torch.tensor([1, 3, 3])) + x[0],
+    "lstm_cell": lambda x: S.lstm(x[0], (x[1, :2], x[2, :2]))[0],
+    "gru_cell": lambda x: S.gru(x[0], x[1, :2]),
+    "chunk": lambda x: x.chunk(2, dim=0)[1] * 2,
+    "split": lambda x: torch.split(x, [1, 2], dim=1)[1],
+    "unbind": lambda x: x.unbind(1)[2],
+    "iterate": lambda x: sum(row for row in x),
+    "softmax": lambda x: F.softmax(x, dim=-1),
+    "log_softmax": lambda x: torch.log_softmax(x, 0),
+    "cumsum": lambda x: x.cumsum(dim=1),
+    "logsumexp": lambda x: torch.logsumexp(x, dim=(0, 1)),
+    "sum-dim-keepdim": lambda x: x.sum(dim=0, keepdim=True),
+    "sum-all": lambda x: x.sum(),
+    "mean-neg-dim": lambda x: x.mean(-1),
+    "amax": lambda x: torch.amax(x, dim=1),
+    "max-dim": lambda x: x.max(dim=0).values + x.max(dim=0)[1].double(),
+    "max-all": lambda x: x.max(),
+    "cat-shared": lambda x: torch.cat([x, S.w, x], dim=-1),
+    "cat-dim0": lambda x: torch.cat([x[:2], x], 0),
+    "stack": lambda x: torch.stack([x[0], S.v, x[1]], dim=1),
+    "getitem-int": lambda x: x[2],
+    "getitem-slices": lambda x: x[1:3, ::2],
+    "getitem-ellipsis-none": lambda x: x[..., None, 1],
+    "getitem-negative": lambda x: x[-1, -2:],
+    "getitem-tensor-index": lambda x: x[torch.tensor([0, 2, 2])],
+    "setitem": lambda x: _setitem(x),
+    "reshape": lambda x: x.reshape(2, 6),
+    "view-infer": lambda x: x.view(-1),
+    "flatten": lambda x: torch.flatten(x[None]),
+    "squeeze-unsqueeze": lambda x: x.unsqueeze(1).squeeze(1).unsqueeze(-1),
+    "expand": lambda x: x[0].expand(5, 3),
+    "broadcast_to": lambda x: torch.broadcast_to(x[1], (2, 3)),
+    "transpose": lambda x: x.transpose(0, 1),
+    "t": lambda x: x.t(),
+    "T-property": lambda x: x.T,
+    "permute": lambda x: x[None].permute(2, 0, 1),
+    "cross_entropy": lambda x: F.cross_entropy(x, torch.tensor([0, 2, 1, 1])),
+    "cross_entropy-one-sample": lambda x: F.cross_entropy(x[1], torch.tensor(2)),
+    "cross_entropy-sum-smoothing": lambda x: F.cross_entropy(
+        x[0], torch.tensor(1), reduction="sum", label_smoothing=0.1
+    ),
+    "cross_entropy-ignored-sum": lambda x: F.cross_entropy(
+        x[0], torch.tensor(1), ignore_index=1, reduction="sum"
+    ),
+    "norm": lambda x: torch.linalg.vector_norm(x, dim=1),
+    "sort": lambda x: torch.sort(x, dim=1).values,
+    "to-dtype": lambda x: x.to(torch.float32).double(),
+    "zeros_like-ones": lambda x: x + torch.ones(3) + torch.zeros_like(x),
+    "in-place": lambda x: x.clone().mul_(3).add_(1),
+}
+
+
+def _setitem(x: torch.Tensor) -> torch.Tensor:
+    y = x * 1
+    y[0, 1:] = y[1, :2] * 2
+    return y
+
+
+@pytest.mark.parametrize("scheduler", ["agenda", "depth"])
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_op_matches_eager(name: str, scheduler: Scheduler) -> None:
+    op = OPS[name]
+    inputs = [torch.randn(4, 3).tolist() for _ in range(5)]
+    assert_matches_eager(lambda x: op(torch.tensor(x) * S.w), inputs, S, scheduler)
+
+
+def test_rules_run_batched_and_fallbacks_are_counted() -> None:
+    inputs = [torch.randn(4, 3).tolist() for _ in range(5)]
+    _, stats = bf.batch_map(lambda x: torch.tanh(torch.tensor(x)), inputs, return_stats=True)
+    assert stats.fallbacks == {}
+    _, stats = bf.batch_map(lambda x: torch.sort(torch.tensor(x)).values, inputs, return_stats=True)
+    assert stats.fallbacks == {"sort (vmap)": 5}
+
+
+def test_one_sample_cross_entropy_is_batched_and_nan_when_ignored_under_mean() -> None:
+    labels = [0, 1, 2]
+    fn = lambda y: F.cross_entropy(torch.tensor([0.5, 1.0, -1.0]), torch.tensor(y), ignore_index=1)  # noqa: E731
+    out, stats = bf.batch_map(fn, labels, return_stats=True)
+    assert stats.fallbacks == {}
+    assert out[1].isnan() and not out[0].isnan()
+    torch.testing.assert_close(out[2], fn(2))
+
+
+def test_op_vmap_cannot_batch_runs_once_per_instance() -> None:
+    # lstm_cell with per-instance weights has no vmap rule: it must fall back to a loop
+    def fn(x: list[list[float]]) -> torch.Tensor:
+        w = torch.tensor(x)  # [4, 3]
+        h = torch.zeros(1, 1)
+        return torch.lstm_cell(torch.ones(1, 3), (h, h), w, torch.ones(4, 1))[0]
+
+    inputs = [torch.randn(4, 3).tolist() for _ in range(3)]
+    stats = assert_matches_eager(fn, inputs)
+    assert stats.fallbacks == {"lstm_cell (loop)": 3}
+
+
+def test_every_registered_family_is_exercised() -> None:
+    names = {rule.name for rule in bf.RULES.values()}
+    assert names == {
+        "rowwise",
+        "leading-dims",
+        "matmul",
+        "rnn-cell",
+        "dim+1",
+        "list dim+1",
+        "getitem",
+        "reshape",
+        "expand",
+        "transpose",
+        "cross-entropy",
+    }
