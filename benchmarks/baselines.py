@@ -39,6 +39,7 @@ __all__ = [
 ]
 
 Runner = Callable[[Sequence[BinaryTree]], Tensor]
+"""Computes the scalar loss of a batch of trees."""
 
 
 @dataclass(frozen=True)

@@ -10,27 +10,10 @@ import random
 import time
 
 import torch
-import torch.nn.functional as F
 
 import batchfold as bf
-from batchfold.data.trees import BinaryTree, random_trees
-from batchfold.models.tree_lstm import TreeLSTMClassifier
-
-
-def tree_loss(model: TreeLSTMClassifier, leaf, node, tree: BinaryTree) -> list[torch.Tensor]:  # noqa: ANN001
-    """The cross-entropy of every node of one tree: ordinary single-instance PyTorch code."""
-    states: list[tuple[torch.Tensor, torch.Tensor]] = []
-    losses = []
-    for n in tree.nodes():  # post-order
-        if n.is_leaf:
-            h, c = leaf(model.embed(torch.tensor(n.word)))
-        else:
-            h_r, c_r = states.pop()
-            h_l, c_l = states.pop()
-            h, c = node(h_l, c_l, h_r, c_r)
-        states.append((h, c))
-        losses.append(F.cross_entropy(model(h), torch.tensor(n.label)))
-    return losses
+from batchfold.data.trees import random_trees
+from batchfold.models.tree_lstm import TreeLSTMClassifier, tree_node_losses
 
 
 def main() -> None:
@@ -40,15 +23,17 @@ def main() -> None:
     model = TreeLSTMClassifier(vocab_size=1000, emb_dim=300, hidden=150)
     leaf = bf.function(model.cell.leaf, batched=True)  # one node per cell call
     node = bf.function(model.cell, batched=True)
-    trees = random_trees(128, 2, 60, rng=random.Random(0), vocab_size=1000, n_classes=5)
+    trees = random_trees(128, 2, 60, random.Random(0), vocab_size=1000, n_classes=5)
     print(f"{len(trees)} random binary trees, 2-60 leaves, {sum(t.size for t in trees)} nodes")
 
     def batched() -> torch.Tensor:
-        losses = bf.batch_map(lambda t: tree_loss(model, leaf, node, t), trees)
+        losses = bf.batch_map(lambda t: tree_node_losses(model, t, leaf, node), trees)
         return torch.stack([loss for tree in losses for loss in tree]).sum()
 
     def one_at_a_time() -> torch.Tensor:
-        return torch.stack([loss for t in trees for loss in tree_loss(model, leaf, node, t)]).sum()
+        return torch.stack(
+            [loss for t in trees for loss in tree_node_losses(model, t, leaf, node)]
+        ).sum()
 
     timings = {}
     for name, run in (("batchfold", batched), ("one tree at a time", one_at_a_time)):

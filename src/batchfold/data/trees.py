@@ -24,6 +24,7 @@ __all__ = [
 ]
 
 RngLike = random.Random | int | None
+"""A random source: a :class:`random.Random`, an integer seed, or ``None`` (seed 0)."""
 
 
 def _rng(rng: RngLike) -> random.Random:

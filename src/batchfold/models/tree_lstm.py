@@ -18,7 +18,7 @@ Both give the same loss and gradients (up to rounding).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +38,7 @@ __all__ = [
     "level_batched_loss",
     "naive_batch_loss",
     "per_tree_loss",
+    "tree_node_losses",
 ]
 
 
@@ -456,3 +457,53 @@ def level_batched_loss(model: TreeLSTMClassifier, trees: Sequence[BinaryTree]) -
         if k < len(off) - 2:
             c_all = torch.cat(cs)
     return F.cross_entropy(model(h_all), flat.labels, reduction="sum")
+
+
+def tree_node_losses(
+    model: TreeLSTMClassifier,
+    tree: BinaryTree,
+    leaf: Callable[[Tensor], tuple[Tensor, Tensor]] | None = None,
+    node: Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]] | None = None,
+) -> list[Tensor]:
+    """The cross-entropy of every node of one tree: plain single-instance code for ``batch_map``.
+
+    Run eagerly, it computes one tree one node at a time; inside ``batchfold.batch_map`` the
+    same code is recorded for every tree of a batch and run batched. ``leaf`` and ``node``
+    default to the model's cell; pass ``batchfold.function(cell, batched=True)`` wrappers to
+    record each cell call as one node.
+
+    Arguments:
+        model: the classifier.
+        tree: one tree; every node's ``label`` is its target.
+        leaf: the leaf function (default ``model.cell.leaf``).
+        node: the internal-node function (default ``model.cell``).
+
+    Returns:
+        One scalar loss per node, in post-order.
+
+    Example:
+        >>> import batchfold as bf
+        >>> from batchfold.data.trees import random_tree
+        >>> _ = torch.manual_seed(0)
+        >>> model = TreeLSTMClassifier(1000, emb_dim=8, hidden=4)
+        >>> tree = random_tree(5, rng=0)
+        >>> (batched,) = bf.batch_map(lambda t: tree_node_losses(model, t), [tree])
+        >>> eager = tree_node_losses(model, tree)
+        >>> len(batched) == tree.size and torch.allclose(torch.stack(batched), torch.stack(eager))
+        True
+    """
+    leaf = leaf or model.cell.leaf
+    node = node or model.cell
+    device = model.output.weight.device
+    states: list[tuple[Tensor, Tensor]] = []
+    losses: list[Tensor] = []
+    for n in tree.nodes():  # post-order, iterative
+        if n.left is None:
+            h, c = leaf(model.embed(torch.tensor(n.word, device=device)))
+        else:
+            h_r, c_r = states.pop()
+            h_l, c_l = states.pop()
+            h, c = node(h_l, c_l, h_r, c_r)
+        states.append((h, c))
+        losses.append(F.cross_entropy(model(h), torch.tensor(n.label, device=device)))
+    return losses
