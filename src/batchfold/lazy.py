@@ -10,6 +10,7 @@ lazy results are replaced by real tensors that autograd can differentiate.
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import time
@@ -367,8 +368,6 @@ class Recorder(TorchFunctionMode):
         ``W.t()`` called by every instance must be the same tensor each time, or the nodes
         that read it would get different signatures and never batch.
         """
-        if func in FACTORIES:
-            return self.source(func, args, kwargs)
         name = getattr(func, "__name__", "")
         if name.endswith("_") or name in ("__get__", "__set__", "__setitem__"):
             return func(*args, **kwargs)
@@ -404,6 +403,8 @@ class Recorder(TorchFunctionMode):
                 parts.append(id(a))  # shared, by identity; the signature keeps it alive
             else:
                 parts.append(self._key(a, inputs))
+        if not inputs and func in FACTORIES and not _has_lazy((), kwargs):
+            return self.source(func, args, kwargs)
         if kwargs:
             if kwargs.get("inplace"):
                 kwargs = {**kwargs, "inplace": False}
@@ -795,6 +796,8 @@ def batch_map(
     start = time.perf_counter()
     results = []
     _ACTIVE.append(rec)
+    collecting = gc.isenabled()
+    gc.disable()  # recording makes many small acyclic objects; collections only cost time
     try:
         with rec:
             for index, instance in enumerate(instances):
@@ -810,6 +813,8 @@ def batch_map(
             rec.flush()
             outputs = rec.materialize(results)
     finally:
+        if collecting:
+            gc.enable()
         _ACTIVE.remove(rec)
         rec.closed = True
     stats = rec.stats
