@@ -8,11 +8,9 @@ PyTorch call per step. :func:`batch_map` does all three for single-instance PyTo
 from .errors import BatchfoldError as BatchfoldError
 from .errors import DeviceError as DeviceError
 from .errors import DtypeError as DtypeError
-from .errors import InstanceError as InstanceError
 from .errors import LazyValueError as LazyValueError
 from .errors import ShapeError as ShapeError
 from .errors import UnsupportedOpError as UnsupportedOpError
-from .errors import ValueReadError as ValueReadError
 from .execute import Store as Store
 from .graph import Graph as Graph
 from .graph import Signature as Signature

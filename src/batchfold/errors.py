@@ -27,20 +27,8 @@ class DtypeError(BatchfoldError, TypeError):
     """One operation mixed floating-point dtypes; batchfold never casts silently."""
 
 
-class ValueReadError(BatchfoldError, RuntimeError):
-    """A lazy value's contents were read where batchfold cannot pause the instance."""
-
-
 class UnsupportedOpError(BatchfoldError, NotImplementedError):
     """An operation cannot be recorded lazily (for example, its output shape depends on values)."""
-
-
-class InstanceError(BatchfoldError, RuntimeError):
-    """The code of one instance raised; ``index`` is that instance's position in the batch."""
-
-    def __init__(self, message: str, index: int) -> None:
-        super().__init__(message)
-        self.index = index
 
 
 LAZY_AFTER_RUN = """\
@@ -49,11 +37,3 @@ Lazy values live only inside the function given to batch_map; use the tensors it
 
     wrong:  batch_map(lambda t: saved.append(encode(t)), trees); saved[0] + 1
     right:  roots = batch_map(encode, trees); roots[0] + 1"""
-
-VALUE_READ = """\
-{what} reads the value of a lazy tensor (recorded at {site}), but batch_map is running this
-instance outside a pausable context, so the value cannot be computed yet.
-Keep value reads inside the function given to batch_map, or compute the values first:
-
-    wrong:  y = encode(tree); threading.Thread(target=lambda: y.item()).start()
-    right:  def step(tree): y = encode(tree); return y.item()"""

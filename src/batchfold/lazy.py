@@ -355,7 +355,6 @@ class Recorder(TorchFunctionMode):
         self.stats = Stats()
         self._memo: dict[tuple[Any, ...], Tensor] = {}
         self._meta_tensors: dict[int, tuple[Tensor, Tensor]] = {}
-        self._last_plan = None
 
     # -- the mode: every PyTorch call inside batch_map comes here --------------------------
 
