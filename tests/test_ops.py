@@ -80,6 +80,11 @@ OPS: dict[str, Op] = {
     "amax": lambda x: torch.amax(x, dim=1),
     "max-dim": lambda x: x.max(dim=0).values + x.max(dim=0)[1].double(),
     "max-all": lambda x: x.max(),
+    "argmax-all": lambda x: x * x.argmax(),
+    "argmin-dim-keepdim": lambda x: x * torch.argmin(x, dim=1, keepdim=True),
+    "min-dim-tuple": lambda x: x.min(1)[0],
+    "any-all-compare": lambda x: x * (x > 0.5).any(),
+    "mean-all-dtype": lambda x: x.mean(dtype=torch.float64),
     "cat-shared": lambda x: torch.cat([x, S.w, x], dim=-1),
     "cat-dim0": lambda x: torch.cat([x[:2], x], 0),
     "stack": lambda x: torch.stack([x[0], S.v, x[1]], dim=1),
@@ -129,6 +134,15 @@ def test_op_matches_eager(name: str, scheduler: Scheduler) -> None:
     assert_matches_eager(lambda x: op(torch.tensor(x) * S.w), inputs, S, scheduler)
 
 
+def test_reductions_over_all_or_some_dims_have_a_rule() -> None:
+    inputs = [torch.randn(4, 3).tolist() for _ in range(5)]
+    for name in ("sum-all", "max-all", "argmax-all", "min-dim-tuple", "any-all-compare"):
+        _, stats = bf.batch_map(
+            lambda x, n=name: OPS[n](torch.tensor(x)), inputs, return_stats=True
+        )
+        assert stats.fallbacks == {}, name
+
+
 def test_rules_run_batched_and_fallbacks_are_counted() -> None:
     inputs = [torch.randn(4, 3).tolist() for _ in range(5)]
     _, stats = bf.batch_map(lambda x: torch.tanh(torch.tensor(x)), inputs, return_stats=True)
@@ -172,4 +186,5 @@ def test_every_registered_family_is_exercised() -> None:
         "expand",
         "transpose",
         "cross-entropy",
+        "reduce",
     }

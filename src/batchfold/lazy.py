@@ -34,6 +34,7 @@ from .graph import OUT_BITS, Graph, Signature, Slot, TensorMeta
 from .ops import OpRule, rule_for
 from .schedule import Scheduler, schedule
 from .stats import Stats
+from .sync import Driver
 
 Tensor = torch.Tensor
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -353,8 +354,12 @@ class Recorder(TorchFunctionMode):
         self.instance = 0
         self.closed = False
         self.stats = Stats()
+        self.driver = Driver(self.flush, self._set_instance)
         self._memo: dict[tuple[Any, ...], Tensor] = {}
         self._meta_tensors: dict[int, tuple[Tensor, Tensor]] = {}
+
+    def _set_instance(self, index: int) -> None:
+        self.instance = index
 
     # -- the mode: every PyTorch call inside batch_map comes here --------------------------
 
@@ -578,11 +583,14 @@ class Recorder(TorchFunctionMode):
         self.graph.clear_pending()
 
     def read(self, lazy: Lazy, what: str) -> Tensor:
-        """Compute everything recorded so far and return ``lazy``'s value (a sync point)."""
+        """``lazy``'s value: a sync point, where the instance waits for a batched run."""
         if self.closed:
             raise LazyValueError(LAZY_AFTER_RUN.format(what=what))
         if lazy._vid >> OUT_BITS >= self.graph.node_base:
-            self.flush()
+            if self.driver.in_instance:
+                self.driver.pause()  # resumes once every instance waits or is done
+            else:
+                self.flush()
         return self.store.value(lazy._vid)
 
     def materialize(self, result: Any) -> Any:
@@ -793,21 +801,12 @@ def batch_map(
     """
     rec = Recorder(scheduler)
     start = time.perf_counter()
-    results = []
     _ACTIVE.append(rec)
     collecting = gc.isenabled()
     gc.disable()  # recording makes many small acyclic objects; collections only cost time
     try:
         with rec:
-            for index, instance in enumerate(instances):
-                rec.instance = index
-                try:
-                    results.append(fn(instance))
-                except Exception as error:
-                    add_note = getattr(error, "add_note", None)  # Python 3.11+
-                    if add_note is not None:
-                        add_note(f"(raised by instance {index} of batch_map)")
-                    raise
+            results = rec.driver.run(fn, instances)
             rec.stats.instances = len(results)
             rec.flush()
             outputs = rec.materialize(results)
@@ -818,6 +817,7 @@ def batch_map(
         rec.closed = True
     stats = rec.stats
     stats.fallbacks = dict(rec.store.fallbacks)
+    stats.syncs = rec.driver.syncs
     stats.record_s = time.perf_counter() - start - stats.schedule_s - stats.execute_s
     _LAST_STATS[:] = [stats]
     return (outputs, stats) if return_stats else outputs

@@ -363,7 +363,36 @@ _register(_named("chunk", "split", "split_with_sizes", "tensor_split"), dimwise(
 _register(_named("unbind"), dimwise(1, cheap=True))
 _register(_named("softmax", "log_softmax"), dimwise(1, default=None))
 _register(_named("cumsum", "cumprod", "logsumexp"), dimwise(1, default=None))
-_register(_named("sum", "mean", "prod", "amax", "amin"), dimwise(1, default=None))
+
+
+def reduction() -> OpRule:
+    """``sum``, ``max``, ``argmax``...: over given dims (dim+1), or over all of one instance."""
+    by_dim = dimwise(1, default=None)
+
+    def batched(sig: Signature, inputs: list[Tensor], n: int) -> Any:
+        args, kwargs = sig.template
+        if _dim_arg(args, kwargs, 1, None) is not None:
+            return by_dim.batched(sig, inputs, n)
+        out = sig.func(inputs[0].reshape(n, -1), 1, **kwargs)
+        return out[0] if sig.multi is None and isinstance(out, tuple) else out  # max() -> values
+
+    def applies(
+        args: tuple[Any, ...], kwargs: dict[str, Any], metas: tuple[TensorMeta, ...]
+    ) -> bool:
+        if type(args[0]) is not Slot:
+            return False
+        dim = _dim_arg(args, kwargs, 1, None)
+        if dim is None:
+            return len(args) == 1 and kwargs.keys() <= {"dtype"}
+        return type(dim) is int or (type(dim) in (tuple, list) and not has_slot(dim))
+
+    return OpRule("reduce", batched, applies=applies)
+
+
+_register(
+    _named("sum", "mean", "prod", "amax", "amin", "max", "min", "argmax", "argmin", "all", "any"),
+    reduction(),
+)
 
 
 def _tensors_in_list(

@@ -11,7 +11,8 @@ from .schedule import Plan
 class Stats:
     """What one run recorded, how it was batched, and the seconds spent in each phase.
 
-    ``fallbacks`` counts, per op, the nodes that ran through ``torch.func.vmap`` or one
+    ``segments`` counts the plans run; ``syncs`` those run because instances waited on a
+    value they read. ``fallbacks`` counts, per op, the nodes that ran through ``torch.func.vmap`` or one
     instance at a time because the op has no batching rule of its own.
     """
 
@@ -19,6 +20,7 @@ class Stats:
     nodes: int = 0
     steps: int = 0
     segments: int = 0
+    syncs: int = 0
     fallbacks: dict[str, int] = field(default_factory=dict)
     record_s: float = 0.0
     schedule_s: float = 0.0
@@ -38,7 +40,7 @@ class Stats:
     def __str__(self) -> str:
         lines = [
             f"{self.instances} instances, {self.nodes} nodes in {self.steps} steps "
-            f"(mean batch {self.mean_batch:.1f}, {self.segments} segment(s))",
+            f"(mean batch {self.mean_batch:.1f}, {self.segments} segment(s), {self.syncs} sync(s))",
             f"time: record {self.record_s * 1e3:.1f} ms, schedule {self.schedule_s * 1e3:.1f} ms, "
             f"execute {self.execute_s * 1e3:.1f} ms",
         ]

@@ -1,0 +1,88 @@
+"""Sync points: instances that read a value pause, and resume together after one batched run.
+
+``batch_map`` runs each instance's code in its own greenlet. When the code reads a value that
+has not been computed (``.item()``, ``bool()`` in an ``if``, ``int()``, ``.tolist()``), the
+instance switches back to the driver, which moves on to the next instance. Once every instance
+is paused or finished, the driver runs everything recorded so far as one plan and resumes the
+paused instances, in instance order, each with its value. A greedy decoder over a batch thus
+runs one batched plan per decoding step, not one per instance per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from greenlet import GreenletExit, getcurrent, greenlet
+
+_PAUSED = object()  # what an instance's greenlet hands the driver when it waits for a value
+
+
+class Driver:
+    """Runs the instances of one ``batch_map`` as greenlets and batches across their reads.
+
+    Arguments:
+        flush: runs every node recorded so far (the recorder's ``flush``).
+        set_instance: tells the recorder which instance is recording now.
+    """
+
+    def __init__(self, flush: Callable[[], None], set_instance: Callable[[int], None]) -> None:
+        self.flush, self.set_instance = flush, set_instance
+        self.main: Any = None  # the driver's greenlet while it runs, else None
+        self.syncs = 0  # flushes made because instances waited on values
+
+    def pause(self) -> None:
+        """Called by a read inside an instance: wait until the driver has run the graph."""
+        grad = torch.is_grad_enabled()
+        self.main.switch(_PAUSED)
+        torch.set_grad_enabled(grad)  # the driver and other instances may have changed it
+
+    @property
+    def in_instance(self) -> bool:
+        """Whether the caller runs inside an instance's greenlet of this driver."""
+        return self.main is not None and getcurrent() is not self.main
+
+    def run(self, fn: Callable[[Any], Any], instances: Iterable[Any]) -> list[Any]:
+        """``[fn(x) for x in instances]``, recorded with sync points; lazy results."""
+        self.main = getcurrent()
+        results: list[Any] = []
+        paused: dict[int, Any] = {}  # instance index -> its greenlet, waiting for a value
+        try:
+            for index, instance in enumerate(instances):
+                results.append(None)
+                self._step(index, greenlet(fn), (instance,), results, paused)
+            while paused:
+                self.flush()
+                self.syncs += 1
+                for index, task in list(paused.items()):
+                    self._step(index, task, (), results, paused)
+        finally:
+            for task in paused.values():  # after an error: end the paused instances cleanly
+                if not task.dead:
+                    task.throw(GreenletExit)
+            self.main = None
+        return results
+
+    def _step(
+        self, index: int, task: Any, args: tuple[Any, ...], results: list[Any], paused: dict
+    ) -> None:
+        """Run one instance until it pauses at a read or returns."""
+        grad = torch.is_grad_enabled()
+        self.set_instance(index)
+        try:
+            out = task.switch(*args)
+        except Exception as error:
+            paused.pop(index, None)
+            add_note = getattr(error, "add_note", None)  # Python 3.11+
+            if add_note is not None:
+                add_note(f"(raised by instance {index} of batch_map)")
+            raise
+        finally:
+            torch.set_grad_enabled(grad)
+        if task.dead:
+            results[index] = out
+            paused.pop(index, None)
+        else:
+            assert out is _PAUSED, "an instance switched greenlets outside batchfold"
+            paused[index] = task

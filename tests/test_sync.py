@@ -1,0 +1,159 @@
+"""Sync points: reads inside batch_map pause an instance and batch across instances."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+import batchfold as bf
+from reference import assert_matches_eager
+
+pytestmark = pytest.mark.usefixtures("float64")
+
+
+class Decoder(nn.Module):
+    """A toy greedy decoder: a GRU cell that stops at token 0 or after ``limit`` steps."""
+
+    def __init__(self, vocab: int = 5, hidden: int = 6) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, hidden)
+        self.cell = nn.GRUCell(hidden, hidden)
+        self.out = nn.Linear(hidden, vocab)
+
+    def decode(self, start: tuple[int, int]) -> tuple[list[int], torch.Tensor]:
+        """Greedy tokens and their summed log-probabilities, one instance at a time."""
+        token, limit = start
+        h = torch.zeros(self.cell.hidden_size) + token * 0.1
+        tokens: list[int] = []
+        score = torch.zeros(())
+        while len(tokens) < limit:
+            h = self.cell(self.embed(torch.tensor(token)), h)
+            logp = torch.log_softmax(self.out(h), -1)
+            token = int(logp.argmax().item())  # a sync point
+            score = score + logp[token]
+            tokens.append(token)
+            if token == 0:
+                break
+        return tokens, score
+
+
+def test_greedy_decoder_equals_eager_and_syncs_once_per_step() -> None:
+    model = Decoder()
+    rng = random.Random(1)
+    starts = [(rng.randrange(1, 5), rng.randrange(1, 12)) for _ in range(40)]
+    eager = [model.decode(s) for s in starts]
+    batched, stats = bf.batch_map(model.decode, starts, return_stats=True)
+    assert [tokens for tokens, _ in batched] == [tokens for tokens, _ in eager]
+    for (_, got), (_, want) in zip(batched, eager, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    longest = max(len(tokens) for tokens, _ in eager)
+    assert stats.syncs == longest  # one batched run per decoding step, not per instance
+    assert stats.segments == longest + 1  # plus the final run of the scores
+
+
+def test_greedy_decoder_gradients_match_eager() -> None:
+    model = Decoder()
+    starts = [(t, n) for t in range(1, 5) for n in (1, 4, 9)]
+    assert_matches_eager(lambda s: model.decode(s)[1], starts, module=model)
+
+
+def test_256_decoders_of_different_lengths_batch_per_time_step() -> None:
+    lin = nn.Linear(3, 3)
+
+    def countdown(n: int) -> torch.Tensor:
+        x = torch.ones(3) * 0.01
+        left = torch.tensor(n)
+        while left.item() > 0:  # data-dependent stop, read every step
+            x = torch.tanh(lin(x))
+            left = left - 1
+        return x
+
+    lengths = [random.Random(i).randrange(0, 30) for i in range(256)]
+    stats = assert_matches_eager(countdown, lengths, module=lin)
+    assert stats.syncs == max(lengths) + 1
+    # each time step runs linear, tanh and sub once for all instances still going
+    assert stats.steps <= 3 * (max(lengths) + 1) + 3
+
+
+@given(st.lists(st.integers(0, 9), min_size=1, max_size=12))
+@settings(max_examples=25, deadline=None)
+def test_instances_sync_a_different_number_of_times(values: list[int]) -> None:
+    lin = nn.Linear(2, 2)
+
+    def collatz_like(n: int) -> Any:
+        x = torch.tensor([float(n), 1.0])
+        count = 0
+        while x[0] > 1 and count < 6:  # comparison read in a while
+            x = x / 2 + lin(x) * 0.01 if bool(x[0] % 2 < 1) else x * 0.5
+            count += 1
+        return lin(x), count
+
+    assert_matches_eager(collatz_like, values, module=lin)
+
+
+def test_sync_points_inside_recursion() -> None:
+    lin = nn.Linear(4, 4)
+
+    def grow(x: torch.Tensor, depth: int) -> torch.Tensor:
+        y = torch.tanh(lin(x))
+        if depth < 6 and y.sum() > -0.5:  # read deep inside the recursion
+            return grow(y, depth + 1) + grow(y * 0.5, depth + 2)
+        return y
+
+    seeds = [torch.randn(4).tolist() for _ in range(12)]
+    stats = assert_matches_eager(lambda s: grow(torch.tensor(s), 0), seeds, module=lin)
+    assert stats.syncs > 1
+
+
+def test_gradients_flow_through_values_before_and_after_a_read() -> None:
+    lin = nn.Linear(3, 3)
+
+    def fn(v: list[float]) -> torch.Tensor:
+        before = lin(torch.tensor(v))
+        scale = before.sum().item()  # the read: before it, `before`; after it, `after`
+        after = lin(before * scale)
+        return before * after
+
+    assert_matches_eager(fn, [[1.0, 2.0, 3.0], [0.5, -1.0, 0.0], [3.0, 3.0, -2.0]], module=lin)
+
+
+def test_an_instance_that_raises_names_its_index_and_leaves_others_intact() -> None:
+    lin = nn.Linear(2, 2)
+
+    def fn(n: int) -> torch.Tensor:
+        x = lin(torch.ones(2) * n)
+        if x.sum().item() and n == 3:
+            raise ValueError(f"bad instance {n}")
+        return x
+
+    with pytest.raises(ValueError, match="bad instance 3") as info:
+        bf.batch_map(fn, range(6))
+    assert "(raised by instance 3 of batch_map)" in getattr(info.value, "__notes__", [])
+    outs = bf.batch_map(fn, [0, 1, 2])  # the engine is usable right after
+    for n, out in zip([0, 1, 2], outs, strict=True):
+        torch.testing.assert_close(out, lin(torch.ones(2) * n))
+
+
+def test_grad_mode_set_inside_one_instance_does_not_leak() -> None:
+    lin = nn.Linear(2, 2)
+
+    def fn(n: int) -> torch.Tensor:
+        x = torch.ones(2) * n
+        if n % 2:
+            with torch.no_grad():
+                x.sum().item()  # pauses inside no_grad; others run meanwhile
+                assert not torch.is_grad_enabled()
+        else:
+            x.sum().item()
+        assert torch.is_grad_enabled()
+        return lin(x)
+
+    outs = bf.batch_map(fn, range(4))
+    assert all(out.requires_grad for out in outs)
+    assert torch.is_grad_enabled()
