@@ -357,6 +357,7 @@ class Recorder(TorchFunctionMode):
         self.driver = Driver(self.flush, self._set_instance)
         self._memo: dict[tuple[Any, ...], Tensor] = {}
         self._meta_tensors: dict[int, tuple[Tensor, Tensor]] = {}
+        self._scalar_sources: dict[tuple[Any, ...], tuple[Signature, TensorMeta]] = {}
 
     def _set_instance(self, index: int) -> None:
         self.instance = index
@@ -433,7 +434,18 @@ class Recorder(TorchFunctionMode):
         one tensor from all of them.
         """
         scalar = func is torch.tensor and len(args) == 1 and type(args[0]) in _SCALAR_DTYPES
+        cache_key = None
         if scalar and not kwargs.keys() - {"dtype", "device"}:
+            # the common case, torch.tensor(word_id): one signature per kind of number
+            cache_key = (
+                type(args[0]),
+                torch.get_default_dtype(),
+                kwargs.get("dtype"),
+                kwargs.get("device"),
+            )
+            cached = self._scalar_sources.get(cache_key)
+            if cached is not None:
+                return Lazy(self, self.graph.add(cached[0], (), self.instance, args[0]), cached[1])
             dtype = (
                 kwargs.get("dtype") or _SCALAR_DTYPES[type(args[0])] or torch.get_default_dtype()
             )
@@ -452,6 +464,8 @@ class Recorder(TorchFunctionMode):
             sig = self.graph.signature(
                 key, func, _SOURCE, func_name(func), ((kind,), {}), (), (meta,), None, user_site()
             )
+        if cache_key is not None:
+            self._scalar_sources[cache_key] = (sig, meta)
         return Lazy(self, self.graph.add(sig, (), self.instance, payload), meta)
 
     def _key(self, obj: Any, inputs: list[int]) -> Any:
