@@ -147,3 +147,9 @@ def test_real_coverage() -> None:
     the = next(vec for word, vec in iter_glove(glove_file()) if word == "the")
     assert matrix[vocab["the"]].tolist() == pytest.approx(the)
     assert the[:2] == [0.418, 0.24968]
+
+
+@pytest.mark.usefixtures("float64")
+def test_float32_matrix_under_a_float64_default(tiny_gz: Path) -> None:
+    matrix, coverage = load_word_vectors(Vocab(["the", "zzz"]), tiny_gz, dim=3)
+    assert matrix.dtype == torch.float32 and coverage == 0.5

@@ -197,7 +197,8 @@ def load_word_vectors(
         if word in wanted and word not in found:
             found[word] = _floats(values, file, line_no)
     generator = torch.Generator().manual_seed(seed)
-    matrix = (torch.rand(len(words), dim, generator=generator) * 2 - 1) * init_range
+    matrix = (torch.rand(len(words), dim, generator=generator, dtype=torch.float32) * 2 - 1)
+    matrix *= init_range
     rows: list[int] = []
     vectors: list[list[float]] = []
     for row, (key, fallback) in enumerate(keys, first):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from torch import Tensor, nn
 
@@ -15,12 +15,19 @@ class Task(Protocol):
     progress bars, checkpoints that resume, metrics JSON lines, the best checkpoint and the
     learning-curve plot. A task module provides ``add_arguments(parser)`` for its own options
     and ``make_task(args) -> Task``.
+
+    ``make_task`` also receives the loop's options; a task reads ``args.device``,
+    ``args.scheduler`` (for ``batch_map``), ``args.max_eval`` (evaluate on the first N
+    items of a split, ``None`` for all) and ``args.seed`` from there. ``add_arguments`` may
+    change the loop's defaults with ``parser.set_defaults(batch_size=..., epochs=...,
+    lr=...)``.
     """
 
     name: str
     """Short name used on the command line and in file names (``"sst"``)."""
     best_metric: str
-    """Key of :meth:`evaluate`'s result on ``"dev"`` that picks the best checkpoint."""
+    """Key of :meth:`evaluate`'s result on ``"dev"`` that picks the best checkpoint (higher
+    is better)."""
     unit: str
     """What one training item is called in throughput figures (``"trees"``)."""
 
@@ -44,3 +51,15 @@ class Task(Protocol):
         """Metrics on ``"dev"`` or ``"test"``, with the model in eval mode."""
         ...
 
+
+@runtime_checkable
+class EagerBaseline(Protocol):
+    """A task that can also compute its loss one item at a time in plain PyTorch.
+
+    The loop times :meth:`eager_loss` against :meth:`Task.loss` on the same batches and
+    weights once per run, and reports the speedup of batching.
+    """
+
+    def eager_loss(self, model: nn.Module, batch: Sequence[Any]) -> tuple[Tensor, int]:
+        """:meth:`Task.loss` computed item by item, op by op, without ``batch_map``."""
+        ...

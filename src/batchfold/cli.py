@@ -1,0 +1,201 @@
+"""The ``batchfold`` command: ``batchfold train <task>`` and ``batchfold eval <task>``.
+
+A task is a module of :mod:`batchfold.training` with ``add_arguments(parser)`` and
+``make_task(args)``; only the module of the task named on the command line is imported.
+Training and evaluation themselves live in :mod:`batchfold.training.loop`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+import torch
+
+__all__ = ["COMMANDS", "TASKS", "build_parser", "main"]
+
+TASKS = {
+    "sst": "batchfold.training.sst",
+    "tagger": "batchfold.training.tagger",
+    "parser": "batchfold.training.parser",
+}
+"""Task name -> the module that defines it (imported only when that task is run)."""
+
+COMMANDS = {
+    "train": "train a model; writes checkpoints, metrics, curves and test results to --out",
+    "eval": "evaluate a saved checkpoint and print its metrics",
+}
+"""Command name -> what it does."""
+
+_USAGE = "batchfold {train,eval} {" + ",".join(TASKS) + "} [options]"
+
+
+class CommandLineError(Exception):
+    """A command line that names no known command or task, or a task that cannot be loaded."""
+
+
+def _top_help() -> str:
+    commands = "\n".join(f"  {name:<8} {text}" for name, text in COMMANDS.items())
+    tasks = "\n".join(f"  {name:<8} ({module})" for name, module in TASKS.items())
+    return (
+        f"usage: {_USAGE}\n\nTrain and evaluate batchfold models from the command line.\n\n"
+        f"commands:\n{commands}\n\ntasks:\n{tasks}\n\n"
+        "Run 'batchfold train <task> --help' for every option of a task."
+    )
+
+
+def load_task_module(task: str) -> ModuleType:
+    """Import the module that defines ``task``.
+
+    Arguments:
+        task: a key of :data:`TASKS`.
+
+    Returns:
+        The module, with ``add_arguments`` and ``make_task``.
+
+    Raises:
+        CommandLineError: the task is unknown, or its module is missing or incomplete.
+    """
+    if task not in TASKS:
+        raise CommandLineError(f"unknown task {task!r}; expected one of: {', '.join(TASKS)}")
+    name = TASKS[task]
+    try:
+        module = importlib.import_module(name)
+    except ModuleNotFoundError as err:
+        raise CommandLineError(
+            f"the task {task!r} is not available: importing {name} failed ({err})"
+        ) from err
+    missing = [f for f in ("add_arguments", "make_task") if not hasattr(module, f)]
+    if missing:
+        raise CommandLineError(f"{name} does not define {' and '.join(missing)}")
+    return module
+
+
+def build_parser(command: str, task: str) -> argparse.ArgumentParser:
+    """The argument parser of ``batchfold <command> <task>``.
+
+    Arguments:
+        command: ``"train"`` or ``"eval"``.
+        task: a key of :data:`TASKS`.
+
+    Returns:
+        The parser; it reads the options that follow the task name.
+
+    Raises:
+        CommandLineError: unknown command or task, or a task module that cannot be loaded.
+
+    Example:
+        >>> args = build_parser("train", "sst").parse_args(["--epochs", "2", "--hidden", "8"])
+        >>> args.epochs, args.hidden, args.batch_size
+        (2, 8, 100)
+    """
+    from batchfold.training import loop
+
+    if command not in COMMANDS:
+        raise CommandLineError(f"unknown command {command!r}; expected one of: train, eval")
+    module = load_task_module(task)
+    if command == "train":
+        description = f"Train the {task} task. Every option has a default; see below."
+    else:
+        description = (
+            f"Evaluate a {task} checkpoint. Task options that are not given are taken from "
+            "the checkpoint's config."
+        )
+    parser = argparse.ArgumentParser(prog=f"batchfold {command} {task}", description=description)
+    if command == "train":
+        loop.add_arguments(parser, task)
+    else:
+        loop.add_eval_arguments(parser)
+    module.add_arguments(parser)
+    return parser
+
+
+def _split_command(argv: Sequence[str]) -> tuple[str, str] | None:
+    """The command and task at the start of ``argv``; ``None`` when help was asked for."""
+    if not argv or argv[0] in ("-h", "--help"):
+        return None
+    command = argv[0]
+    if command not in COMMANDS:
+        raise CommandLineError(f"unknown command {command!r}; expected one of: train, eval")
+    if len(argv) < 2 or argv[1] in ("-h", "--help"):
+        if len(argv) >= 2:
+            return None
+        raise CommandLineError(f"'batchfold {command}' needs a task: one of {', '.join(TASKS)}")
+    return command, argv[1]
+
+
+def _run(command: str, task: str, options: Sequence[str]) -> int:
+    from batchfold.training import loop
+
+    parser = build_parser(command, task)
+    module = load_task_module(task)
+    if command == "train":
+        args = parser.parse_args(options, namespace=argparse.Namespace(task=task))
+        _set_threads(args.threads)
+        loop.train(module.make_task(args), args)
+        return 0
+    # eval: the checkpoint's config fills every option the command line leaves out.
+    known, _ = parser.parse_known_args(options)
+    config = loop.load_checkpoint(known.checkpoint)["config"]
+    for runtime in ("device", "threads", "max_eval", "scheduler", "checkpoint", "split"):
+        config.pop(runtime, None)
+    args = parser.parse_args(options, namespace=argparse.Namespace(**config))
+    _set_threads(args.threads)
+    metrics = loop.evaluate_checkpoint(
+        module.make_task(args), args.checkpoint, args.split, args.device
+    )
+    print(f"{task} {args.split}, checkpoint {args.checkpoint}:")
+    for name, value in metrics.items():
+        print(f"  {name:<14} {value:8.2f}")
+    return 0
+
+
+def _set_threads(threads: int | None) -> None:
+    if threads is not None:
+        if threads < 1:
+            raise CommandLineError(f"--threads must be at least 1, got {threads}")
+        torch.set_num_threads(threads)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``batchfold`` command line.
+
+    Arguments:
+        argv: the arguments after the program name (default: ``sys.argv[1:]``).
+
+    Returns:
+        The exit status: 0 on success, 1 when data is missing or an option is wrong, 2 for a
+        command line that names no known command or task.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        split = _split_command(argv)
+    except CommandLineError as err:
+        print(f"usage: {_USAGE}\nbatchfold: error: {err}", file=sys.stderr)
+        return 2
+    if split is None:
+        if len(argv) >= 2:  # "batchfold train --help": the command's help lists the tasks
+            print(f"usage: batchfold {argv[0]} {{{','.join(TASKS)}}} [options]\n")
+            print(f"{COMMANDS[argv[0]]}.\n\ntasks: {', '.join(TASKS)}")
+        else:
+            print(_top_help())
+        return 0
+    command, task = split
+    try:
+        return _run(command, task, argv[2:])
+    except CommandLineError as err:
+        print(f"batchfold: error: {err}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, ValueError) as err:  # missing data, bad options, bad files
+        if os.environ.get("BATCHFOLD_DEBUG"):
+            raise
+        print(f"batchfold {command} {task}: error: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,592 @@
+"""The generic training loop shared by every task: epochs, checkpoints, metrics and plots.
+
+:func:`train` runs a :class:`~batchfold.training.task.Task` for a number of epochs. After
+each epoch it evaluates on dev, appends a line to ``metrics.jsonl`` and saves ``last.pt``
+(weights, optimizer, RNG states, config), from which ``--resume`` continues exactly;
+``best.pt`` keeps the epoch with the best ``task.best_metric``. At the end it plots
+``curves.png``, times batched against one-at-a-time training (for an
+:class:`~batchfold.training.task.EagerBaseline` task) and writes the test metrics of the
+best checkpoint to ``test.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from batchfold.training.plot import plot_curves
+from batchfold.training.task import EagerBaseline, Task
+
+__all__ = [
+    "DEFAULT_LR",
+    "ConfigError",
+    "add_arguments",
+    "add_eval_arguments",
+    "compare_throughput",
+    "evaluate_checkpoint",
+    "load_checkpoint",
+    "shuffled_batches",
+    "train",
+]
+
+DEFAULT_LR = {"adagrad": 0.05, "adam": 0.001}
+"""The learning rate used when neither ``--lr`` nor the task sets one, per optimizer."""
+
+# Options that may differ between a run and its --resume: they do not change the numbers.
+_FREE_ON_RESUME = frozenset(
+    {"epochs", "resume", "device", "threads", "out", "compare_batches", "progress"}
+)
+
+
+class ConfigError(ValueError):
+    """Options that cannot work together, such as ``--resume`` with a changed model size."""
+
+
+def add_arguments(parser: argparse.ArgumentParser, task_name: str) -> None:
+    """Add the options every task shares (optimizer, epochs, checkpoints, ...) to ``parser``.
+
+    Arguments:
+        parser: the ``batchfold train <task>`` parser.
+        task_name: the task's name, for the default output folder ``runs/<task>``.
+
+    Example:
+        >>> parser = argparse.ArgumentParser()
+        >>> add_arguments(parser, "sst")
+        >>> args = parser.parse_args(["--epochs", "3"])
+        >>> args.epochs, args.out, args.optimizer
+        (3, 'runs/sst', 'adagrad')
+    """
+    group = parser.add_argument_group("training (shared by all tasks)")
+    group.add_argument(
+        "--optimizer",
+        choices=sorted(DEFAULT_LR),
+        default="adagrad",
+        help="the optimizer; Adagrad starts its accumulator at 0.1, as TensorFlow's "
+        "(default: %(default)s)",
+    )
+    group.add_argument(
+        "--lr",
+        type=float,
+        default=None,
+        help="the learning rate (default: the task's, else "
+        + ", ".join(f"{lr} with {name}" for name, lr in DEFAULT_LR.items())
+        + ")",
+    )
+    group.add_argument(
+        "--batch-size", type=int, default=32, help="items per batch (default: %(default)s)"
+    )
+    group.add_argument(
+        "--epochs",
+        type=int,
+        default=10,
+        help="passes over the training data (default: %(default)s)",
+    )
+    group.add_argument(
+        "--seed", type=int, default=0, help="seed of every random generator (default: %(default)s)"
+    )
+    group.add_argument(
+        "--out",
+        default=f"runs/{task_name}",
+        help="folder for config.json, metrics.jsonl, last.pt, best.pt, curves.png and "
+        "test.json (default: %(default)s)",
+    )
+    group.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from OUT/last.pt up to --epochs, exactly as if never stopped",
+    )
+    group.add_argument(
+        "--max-train",
+        type=int,
+        default=None,
+        metavar="N",
+        help="train on the first N training items only (default: all)",
+    )
+    group.add_argument(
+        "--compare-batches",
+        type=int,
+        default=2,
+        metavar="N",
+        help="at the end, time N batches batched and one item at a time on the same weights, "
+        "0 to skip (default: %(default)s)",
+    )
+    group.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="show a progress bar (default: only on a terminal)",
+    )
+    _add_runtime_arguments(parser)
+
+
+def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the options of ``batchfold eval <task>``: the checkpoint, the split, and where to run.
+
+    Arguments:
+        parser: the ``batchfold eval <task>`` parser.
+
+    Example:
+        >>> parser = argparse.ArgumentParser()
+        >>> add_eval_arguments(parser)
+        >>> args = parser.parse_args(["--checkpoint", "runs/sst/best.pt"])
+        >>> args.split, args.device, args.max_eval
+        ('test', 'cpu', None)
+    """
+    group = parser.add_argument_group("evaluation")
+    group.add_argument(
+        "--checkpoint", required=True, metavar="PATH", help="a best.pt or last.pt written by train"
+    )
+    group.add_argument(
+        "--split",
+        choices=("dev", "test"),
+        default="test",
+        help="the split to evaluate on (default: %(default)s)",
+    )
+    _add_runtime_arguments(parser)
+
+
+def _add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options that say where and how a run computes, not what it computes."""
+    group = parser.add_argument_group("where and how to run (shared by all tasks)")
+    group.add_argument(
+        "--device", default="cpu", help="torch device, e.g. cpu or cuda (default: %(default)s)"
+    )
+    group.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads for PyTorch, torch.set_num_threads (default: PyTorch's choice)",
+    )
+    group.add_argument(
+        "--max-eval",
+        type=int,
+        default=None,
+        metavar="N",
+        help="evaluate on the first N items of dev and test only (default: all)",
+    )
+    group.add_argument(
+        "--scheduler",
+        choices=("agenda", "depth"),
+        default="agenda",
+        help="batch_map's scheduler: agenda (DyNet) or depth (TensorFlow Fold); both give "
+        "the same numbers (default: %(default)s)",
+    )
+
+
+# -- random state ----------------------------------------------------------------------------
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and PyTorch's global generators.
+
+    Arguments:
+        seed: the seed.
+    """
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _rng_state() -> dict[str, Any]:
+    """The global generators' states, as plain lists and tensors (loadable weights-only)."""
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)  # type: ignore[misc]
+    state: dict[str, Any] = {
+        "python": [version, list(internal), gauss],
+        "numpy": [kind, torch.from_numpy(np.asarray(keys).copy()), pos, has_gauss, cached],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy(), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def shuffled_batches(n_items: int, batch_size: int, seed: int, epoch: int) -> list[list[int]]:
+    """The item indices of each batch of one epoch, in a shuffled order.
+
+    The order depends only on ``seed`` and ``epoch``, so a resumed run sees the same batches.
+
+    Arguments:
+        n_items: the number of training items.
+        batch_size: items per batch (the last batch may be smaller).
+        seed: the run's seed.
+        epoch: the epoch, from 1.
+
+    Returns:
+        Lists of indices that together cover ``range(n_items)`` once.
+
+    Example:
+        >>> b = shuffled_batches(5, 2, seed=0, epoch=1)
+        >>> [len(x) for x in b], sorted(i for x in b for i in x)
+        ([2, 2, 1], [0, 1, 2, 3, 4])
+    """
+    if batch_size < 1:
+        raise ConfigError(f"--batch-size must be at least 1, got {batch_size}")
+    order = np.random.default_rng([seed, epoch]).permutation(n_items).tolist()
+    return [order[i : i + batch_size] for i in range(0, n_items, batch_size)]
+
+
+# -- checkpoints ------------------------------------------------------------------------------
+
+
+def _save(path: Path, payload: dict[str, Any]) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save(payload, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: str | os.PathLike[str], device: str = "cpu") -> dict[str, Any]:
+    """Read a checkpoint written by :func:`train` (``last.pt`` or ``best.pt``).
+
+    Arguments:
+        path: the file.
+        device: where the tensors go.
+
+    Returns:
+        A dict with ``model``, ``optimizer``, ``epoch``, ``rng``, ``config``, ``best`` and
+        ``dev`` (the epoch's dev metrics).
+
+    Raises:
+        FileNotFoundError: no such file.
+        ConfigError: the file is not a batchfold training checkpoint.
+    """
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"no checkpoint at {file}")
+    payload = torch.load(file, map_location=device, weights_only=True)
+    if not isinstance(payload, dict) or not {"model", "config", "epoch"} <= payload.keys():
+        raise ConfigError(f"{file} is not a batchfold training checkpoint (no model/config)")
+    return payload
+
+
+def _config(args: argparse.Namespace) -> dict[str, Any]:
+    """The options of a run as JSON values (the command itself and its file are left out)."""
+    skip = {"command", "checkpoint"}
+    return {
+        key: str(value) if isinstance(value, os.PathLike) else value
+        for key, value in vars(args).items()
+        if key not in skip
+    }
+
+
+def _check_resume_config(saved: dict[str, Any], now: dict[str, Any], file: Path) -> None:
+    changed = [
+        key
+        for key in sorted(saved.keys() | now.keys())
+        if key not in _FREE_ON_RESUME and saved.get(key) != now.get(key)
+    ]
+    if changed:
+        detail = ", ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in changed)
+        raise ConfigError(
+            f"--resume from {file} with different options ({detail}). Resume with the options "
+            "of the first run (only --epochs, --device, --threads may change), or start a new "
+            "run in another --out folder."
+        )
+
+
+# -- one epoch --------------------------------------------------------------------------------
+
+
+def _train_epoch(
+    task: Task,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    items: Sequence[Any],
+    args: argparse.Namespace,
+    epoch: int,
+) -> dict[str, float]:
+    """One pass over the shuffled training items; returns loss, items/s and seconds."""
+    model.train()
+    batches = shuffled_batches(len(items), args.batch_size, args.seed, epoch)
+    total_loss, total_terms = 0.0, 0
+    start = time.perf_counter()
+    with tqdm(
+        total=len(items),
+        desc=f"epoch {epoch}/{args.epochs}",
+        unit=f" {task.unit}",
+        disable=_progress_disabled(args),
+        leave=False,
+        dynamic_ncols=True,
+    ) as bar:
+        for number, indices in enumerate(batches, 1):
+            optimizer.zero_grad(set_to_none=True)
+            loss, terms = task.loss(model, [items[i] for i in indices])
+            value = loss.item()
+            if not math.isfinite(value):
+                raise FloatingPointError(
+                    f"the {task.name} loss is {value} at epoch {epoch}, batch {number}; try a "
+                    "lower --lr"
+                )
+            loss.backward()
+            optimizer.step()
+            total_loss += value
+            total_terms += terms
+            bar.update(len(indices))
+            bar.set_postfix(loss=f"{total_loss / max(total_terms, 1):.4f}", refresh=False)
+    seconds = time.perf_counter() - start
+    return {
+        "train_loss": total_loss / max(total_terms, 1),
+        "items_per_s": len(items) / seconds,
+        "seconds": seconds,
+    }
+
+
+def _progress_disabled(args: argparse.Namespace) -> bool | None:
+    progress = getattr(args, "progress", None)
+    return None if progress is None else not progress  # None: tqdm shows it on a terminal
+
+
+def _evaluate(task: Task, model: nn.Module, split: str) -> dict[str, float]:
+    model.eval()
+    try:
+        with torch.no_grad():
+            return task.evaluate(model, split)
+    finally:
+        model.train()
+
+
+def _format_metrics(metrics: dict[str, float]) -> str:
+    # percentages read best with 2 decimals, fractions with 4
+    return ", ".join(
+        f"{key} {value:.2f}" if abs(value) >= 1 or value == 0 else f"{key} {value:.4f}"
+        for key, value in metrics.items()
+    )
+
+
+# -- throughput -------------------------------------------------------------------------------
+
+
+def compare_throughput(
+    task: Task, model: nn.Module, items: Sequence[Any], batch_size: int, n_batches: int
+) -> dict[str, float] | None:
+    """Time forward and backward of a few batches batched and one item at a time.
+
+    Both run on the same batches and weights, in train mode; the RNG state is restored after,
+    and no optimizer step is taken, so training is unaffected.
+
+    Arguments:
+        task: the task; it must be an :class:`EagerBaseline` for a comparison.
+        model: the model.
+        items: the training items; the first ``n_batches * batch_size`` are used.
+        batch_size: items per batch.
+        n_batches: how many batches to time.
+
+    Returns:
+        ``batched_per_s``, ``one_at_a_time_per_s``, ``speedup`` and ``items``, or ``None``
+        when the task has no eager baseline or ``n_batches`` is 0.
+    """
+    if n_batches <= 0 or not isinstance(task, EagerBaseline) or not items:
+        return None
+    batches = [
+        list(items[i : i + batch_size])
+        for i in range(0, min(len(items), n_batches * batch_size), batch_size)
+    ]
+    model.train()
+    seconds = {"batched": 0.0, "eager": 0.0}
+    with torch.random.fork_rng(devices=[]):
+        for batch in batches:
+            for kind, loss_fn in (("batched", task.loss), ("eager", task.eager_loss)):
+                model.zero_grad(set_to_none=True)
+                start = time.perf_counter()
+                loss, _ = loss_fn(model, batch)
+                loss.backward()
+                _synchronize(loss.device)
+                seconds[kind] += time.perf_counter() - start
+    model.zero_grad(set_to_none=True)
+    n = sum(len(b) for b in batches)
+    return {
+        "items": n,
+        "batched_per_s": n / seconds["batched"],
+        "one_at_a_time_per_s": n / seconds["eager"],
+        "speedup": seconds["eager"] / seconds["batched"],
+    }
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":  # CUDA work is asynchronous: wait for it before reading a clock
+        torch.cuda.synchronize(device)
+
+
+# -- the run ----------------------------------------------------------------------------------
+
+
+def _make_optimizer(name: str, groups: list[dict[str, Any]], lr: float) -> torch.optim.Optimizer:
+    if name == "adagrad":
+        # TensorFlow's starting accumulator (Fold's sentiment model): the first steps are not
+        # full lr-sized sign steps on every weight, as they are when it starts at 0.
+        return torch.optim.Adagrad(groups, lr=lr, initial_accumulator_value=0.1)
+    if name == "adam":
+        return torch.optim.Adam(groups, lr=lr)
+    raise ConfigError(f"unknown optimizer {name!r}; expected one of {sorted(DEFAULT_LR)}")
+
+
+def _read_history(file: Path, up_to: int) -> list[dict[str, Any]]:
+    if not file.is_file():
+        return []
+    lines = [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
+    return [record for record in lines if record["epoch"] <= up_to]
+
+
+def _write_history(file: Path, history: list[dict[str, Any]]) -> None:
+    file.write_text("".join(json.dumps(record) + "\n" for record in history))
+
+
+def train(task: Task, args: argparse.Namespace) -> dict[str, Any]:
+    """Train ``task`` with the loop's options in ``args`` (see :func:`add_arguments`).
+
+    Arguments:
+        task: the job.
+        args: the parsed options, the loop's and the task's.
+
+    Returns:
+        The summary also written to ``test.json``: ``best_epoch``, ``dev`` (its dev
+        metrics), ``test``, ``train_items_per_s`` and ``throughput`` (or ``None``).
+
+    Raises:
+        ConfigError: ``--resume`` without a checkpoint or with changed options, or a bad option.
+        FloatingPointError: the loss became NaN or infinite.
+    """
+    if args.lr is None:
+        args.lr = DEFAULT_LR[args.optimizer]
+    if args.epochs < 0:
+        raise ConfigError(f"--epochs must be at least 0, got {args.epochs}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    config = _config(args)
+    items = task.train_items()
+    if args.max_train is not None:
+        items = items[: args.max_train]
+    seed_everything(args.seed)
+    model = task.build_model().to(args.device)
+    optimizer = _make_optimizer(args.optimizer, task.param_groups(model, args.lr), args.lr)
+    first_epoch, best, history = 1, {"epoch": 0, "value": -math.inf}, []
+    if args.resume:
+        file = out / "last.pt"
+        if not file.is_file():
+            raise ConfigError(f"--resume: no checkpoint at {file}; train without --resume first")
+        state = load_checkpoint(file, args.device)
+        _check_resume_config(state["config"], config, file)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        _set_rng_state(state["rng"])
+        first_epoch, best = state["epoch"] + 1, state["best"]
+        history = _read_history(out / "metrics.jsonl", state["epoch"])
+    else:
+        (out / "best.pt").unlink(missing_ok=True)  # from an earlier run in the same folder
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    _write_history(out / "metrics.jsonl", history)
+    print(f"{task.name}: {len(items)} training {task.unit}, epochs {first_epoch}-{args.epochs}")
+    for epoch in range(first_epoch, args.epochs + 1):
+        record: dict[str, Any] = {"epoch": epoch}
+        record.update(_train_epoch(task, model, optimizer, items, args, epoch))
+        record["dev"] = _evaluate(task, model, "dev")
+        history.append(record)
+        with open(out / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+        value = record["dev"][task.best_metric]
+        improved = value > best["value"]
+        if improved:
+            best = {"epoch": epoch, "value": value}
+        checkpoint = {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "epoch": epoch,
+            "rng": _rng_state(),
+            "config": config,
+            "best": best,
+            "dev": record["dev"],
+        }
+        _save(out / "last.pt", checkpoint)
+        if improved:
+            shutil.copyfile(out / "last.pt", out / "best.pt")
+        print(
+            f"epoch {epoch}/{args.epochs}: train loss {record['train_loss']:.4f}, "
+            f"dev {_format_metrics(record['dev'])}, {record['items_per_s']:.1f} {task.unit}/s, "
+            f"{record['seconds']:.1f} s" + (" (best)" if improved else "")
+        )
+    return _finish(task, model, items, args, history, out)
+
+
+def _finish(
+    task: Task,
+    model: nn.Module,
+    items: Sequence[Any],
+    args: argparse.Namespace,
+    history: list[dict[str, Any]],
+    out: Path,
+) -> dict[str, Any]:
+    """Plot, compare throughput, test the best checkpoint and write ``test.json``."""
+    if history:
+        plot_curves(history, out / "curves.png", title=f"{task.name}: learning curves")
+    throughput = compare_throughput(task, model, items, args.batch_size, args.compare_batches)
+    summary: dict[str, Any] = {"task": task.name, "best_epoch": None, "dev": None}
+    if (out / "best.pt").is_file():
+        best = load_checkpoint(out / "best.pt", args.device)
+        model.load_state_dict(best["model"])
+        summary.update(best_epoch=best["epoch"], dev=best["dev"])
+    summary["test"] = _evaluate(task, model, "test")
+    rates = [record["items_per_s"] for record in history]
+    summary["train_items_per_s"] = sum(rates) / len(rates) if rates else None
+    summary["unit"] = task.unit
+    summary["throughput"] = throughput
+    (out / "test.json").write_text(json.dumps(summary, indent=2) + "\n")
+    _print_summary(summary, task.unit)
+    return summary
+
+
+def _print_summary(summary: dict[str, Any], unit: str) -> None:
+    if summary["best_epoch"] is not None:
+        print(f"best epoch {summary['best_epoch']}: dev {_format_metrics(summary['dev'])}")
+    print(f"test: {_format_metrics(summary['test'])}")
+    if summary["train_items_per_s"] is not None:
+        print(f"training: {summary['train_items_per_s']:.1f} {unit}/s (mean over epochs)")
+    speed = summary["throughput"]
+    if speed is not None:
+        print(
+            f"forward+backward on {speed['items']} {unit}: batched {speed['batched_per_s']:.1f} "
+            f"{unit}/s, one at a time {speed['one_at_a_time_per_s']:.1f} {unit}/s, "
+            f"speedup {speed['speedup']:.1f}x"
+        )
+
+
+def evaluate_checkpoint(
+    task: Task, path: str | os.PathLike[str], split: str, device: str = "cpu"
+) -> dict[str, float]:
+    """The metrics of a saved checkpoint on one split.
+
+    Arguments:
+        task: the job, made with the checkpoint's options.
+        path: a ``best.pt`` or ``last.pt``.
+        split: ``"dev"`` or ``"test"``.
+        device: where the model runs.
+
+    Returns:
+        The task's metrics.
+    """
+    state = load_checkpoint(path, device)
+    model = task.build_model().to(device)
+    model.load_state_dict(state["model"])
+    return _evaluate(task, model, split)

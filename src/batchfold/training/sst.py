@@ -1,0 +1,458 @@
+"""The SST job: a Tree-LSTM (or Tree-RNN) classifying every node of Sentiment Treebank trees.
+
+Each tree is plain single-instance code (:func:`tree_node_logits`: one cell call and one
+output layer call per node) that ``batch_map`` records for a whole batch and runs batched;
+the loss is the sum of the per-node cross-entropies, the same sum as
+:func:`~batchfold.models.tree_lstm.tree_node_losses` gives. Word vectors start from GloVe and train at a scaled learning rate,
+as in TensorFlow Fold's sentiment model. Metrics are the usual four SST accuracies (root and
+all nodes, fine-grained and binary), in percent.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+import batchfold as bf
+from batchfold.data.glove import load_word_vectors
+from batchfold.data.sst import Tree, load_sst
+from batchfold.data.trees import BinaryTree
+from batchfold.data.vocab import Vocab
+from batchfold.models.tree_lstm import TreeLSTMClassifier, TreeRNNCell
+
+__all__ = [
+    "METRICS",
+    "SSTTask",
+    "SentimentModel",
+    "TreeRNNClassifier",
+    "add_arguments",
+    "binary_accuracy",
+    "make_task",
+    "sentiment_accuracies",
+    "to_binary_tree",
+    "tree_node_logits",
+]
+
+METRICS = ("root_fine", "root_binary", "all_fine", "all_binary")
+"""The accuracies :meth:`SSTTask.evaluate` reports, in percent."""
+
+N_CLASSES = 5
+NEUTRAL = 2
+
+
+class TreeRNNClassifier(nn.Module):
+    """:class:`~batchfold.models.tree_lstm.TreeLSTMClassifier` with a Socher-style Tree-RNN cell.
+
+    The same embedding, dropout (on word vectors and on states before the output layer) and
+    output layer; the cell is :class:`~batchfold.models.tree_lstm.TreeRNNCell`, whose state is
+    the single vector ``h``.
+
+    Arguments:
+        vocab_size: the number of word ids.
+        emb_dim: the word vector size.
+        hidden: the state size.
+        n_classes: the number of labels.
+        dropout: the dropout probability.
+
+    Example:
+        >>> model = TreeRNNClassifier(100, emb_dim=6, hidden=4)
+        >>> h = model.cell.leaf(model.embed(torch.tensor([1, 2, 3])))
+        >>> tuple(model(h).shape)
+        (3, 5)
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        emb_dim: int = 300,
+        hidden: int = 150,
+        n_classes: int = N_CLASSES,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, emb_dim)
+        self.cell = TreeRNNCell(emb_dim, hidden)
+        self.dropout: nn.Module = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.output = nn.Linear(hidden, n_classes)
+
+    def embed(self, words: Tensor) -> Tensor:
+        """Word vectors (with dropout) for word ids ``[...]``; returns ``[..., emb_dim]``."""
+        return self.dropout(self.embedding(words))
+
+    def forward(self, h: Tensor) -> Tensor:
+        """Class logits ``[..., n_classes]`` from node states ``[..., hidden]``."""
+        return self.output(self.dropout(h))
+
+
+SentimentModel = TreeLSTMClassifier | TreeRNNClassifier
+"""A node classifier over binary trees: ``embed``, ``cell.leaf``, ``cell`` and ``forward``."""
+
+
+def to_binary_tree(tree: Tree, vocab: Vocab, where: str = "tree") -> BinaryTree:
+    """An SST tree with its words replaced by vocabulary ids, labels kept on every node.
+
+    Arguments:
+        tree: a parsed SST tree.
+        vocab: the word ids (unknown words get id 0).
+        where: names the tree in error messages, such as ``"train.txt line 12"``.
+
+    Returns:
+        The same tree as a :class:`~batchfold.data.trees.BinaryTree`.
+
+    Raises:
+        ValueError: a node has one child (the cells need binary trees).
+
+    Example:
+        >>> from batchfold.data.sst import parse_tree
+        >>> to_binary_tree(parse_tree("(3 (2 a) (4 good))"), Vocab(["good", "a"]))
+        BinaryTree('(3 (2 2) (4 1))')
+    """
+    built: list[BinaryTree] = []
+    for node in tree.nodes():
+        if node.word is not None:
+            built.append(BinaryTree.leaf(vocab.lookup(node.word), node.label))
+        elif len(node.children) == 2:
+            right, left = built.pop(), built.pop()
+            built.append(BinaryTree.node(left, right, node.label))
+        else:
+            raise ValueError(
+                f"{where}: the node {node} has {len(node.children)} child; the tree cells need "
+                "every internal node to have exactly 2 children"
+            )
+    return built[0]
+
+
+def tree_node_logits(
+    model: SentimentModel,
+    tree: BinaryTree,
+    leaf: Callable[..., Any] | None = None,
+    node: Callable[..., Any] | None = None,
+) -> list[Tensor]:
+    """Class logits of every node of one tree: plain single-instance code for ``batch_map``.
+
+    Run eagerly it computes one node at a time; inside ``batchfold.batch_map`` it is recorded
+    for every tree of a batch and run batched. ``leaf`` and ``node`` default to the model's
+    cell; pass ``batchfold.function(cell, batched=True)`` wrappers to record each cell call as
+    one node. A cell state is ``(h, c)`` (Tree-LSTM) or ``h`` (Tree-RNN); ``node`` gets the
+    left child's state parts, then the right child's.
+
+    Arguments:
+        model: the classifier.
+        tree: one tree of word ids.
+        leaf: the leaf function (default ``model.cell.leaf``).
+        node: the internal-node function (default ``model.cell``).
+
+    Returns:
+        One ``[n_classes]`` logit vector per node, in post-order (the root last).
+
+    Example:
+        >>> _ = torch.manual_seed(0)
+        >>> model = TreeLSTMClassifier(10, emb_dim=4, hidden=3)
+        >>> tree = BinaryTree.node(BinaryTree.leaf(1), BinaryTree.leaf(2))
+        >>> batched = bf.batch_map(lambda t: tree_node_logits(model, t), [tree])[0]
+        >>> [torch.allclose(a, b) for a, b in zip(batched, tree_node_logits(model, tree))]
+        [True, True, True]
+    """
+    leaf = leaf or model.cell.leaf
+    node = node or model.cell
+    device = model.output.weight.device
+    states: list[tuple[Tensor, ...]] = []
+    logits: list[Tensor] = []
+    for n in tree.nodes():  # post-order, iterative
+        if n.left is None:
+            out = leaf(model.embed(torch.tensor(n.word, device=device)))
+        else:
+            right = states.pop()
+            left = states.pop()
+            out = node(*left, *right)
+        state = out if isinstance(out, tuple) else (out,)
+        states.append(state)
+        logits.append(model(state[0]))
+    return logits
+
+
+def _node_labels(trees: Sequence[BinaryTree], device: torch.device) -> Tensor:
+    """Every node's label, trees one after another, each in post-order: ``[n_nodes]``."""
+    labels = [n.label for tree in trees for n in tree.nodes()]
+    return torch.tensor(labels, dtype=torch.long, device=device)
+
+
+def binary_accuracy(probs: Tensor, labels: Tensor) -> float:
+    """Binary sentiment accuracy in percent, ignoring neutral labels.
+
+    A node with gold label 0 or 1 is negative, 3 or 4 positive, 2 is left out. The predicted
+    side is positive when ``P(3) + P(4) > P(0) + P(1)`` (so a tie counts as negative).
+
+    Arguments:
+        probs: class probabilities, ``[n, 5]``.
+        labels: gold labels 0-4, ``[n]``.
+
+    Returns:
+        The percentage of non-neutral nodes on the right side, or NaN when all are neutral.
+
+    Example:
+        >>> probs = torch.tensor([[0.1, 0.1, 0.5, 0.2, 0.1],   # 0.3 > 0.2: positive
+        ...                       [0.3, 0.0, 0.5, 0.1, 0.1],   # 0.2 < 0.3: negative
+        ...                       [0.0, 0.0, 1.0, 0.0, 0.0]])  # gold neutral: left out
+        >>> binary_accuracy(probs, torch.tensor([4, 3, 2]))
+        50.0
+    """
+    if probs.dim() != 2 or probs.shape[1] != N_CLASSES or labels.shape != probs.shape[:1]:
+        raise ValueError(
+            f"binary_accuracy expects probs [n, {N_CLASSES}] and labels [n], got "
+            f"{list(probs.shape)} and {list(labels.shape)}"
+        )
+    counted = labels != NEUTRAL
+    if not bool(counted.any()):
+        return float("nan")
+    positive = probs[:, 3] + probs[:, 4] > probs[:, 0] + probs[:, 1]
+    correct = positive[counted] == (labels[counted] > NEUTRAL)
+    return 100.0 * correct.double().mean().item()
+
+
+def sentiment_accuracies(probs: Tensor, labels: Tensor, is_root: Tensor) -> dict[str, float]:
+    """The four SST accuracies, in percent: root and all-node, fine-grained and binary.
+
+    Arguments:
+        probs: class probabilities of every node, ``[n, 5]``.
+        labels: gold labels, ``[n]``.
+        is_root: which nodes are sentence roots, ``[n]`` (bool).
+
+    Returns:
+        ``root_fine``, ``root_binary``, ``all_fine`` and ``all_binary``.
+
+    Example:
+        >>> probs = torch.eye(5)[[4, 1, 3]]
+        >>> acc = sentiment_accuracies(probs, torch.tensor([4, 0, 1]),
+        ...                            torch.tensor([True, False, False]))
+        >>> [round(acc[k], 1) for k in METRICS]
+        [100.0, 100.0, 33.3, 66.7]
+    """
+    fine = probs.argmax(dim=-1) == labels
+    return {
+        "root_fine": 100.0 * fine[is_root].double().mean().item(),
+        "root_binary": binary_accuracy(probs[is_root], labels[is_root]),
+        "all_fine": 100.0 * fine.double().mean().item(),
+        "all_binary": binary_accuracy(probs, labels),
+    }
+
+
+# -- the task ---------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the SST options to ``parser`` and set the SST defaults of the loop's options.
+
+    Arguments:
+        parser: the ``batchfold train sst`` parser.
+    """
+    group = parser.add_argument_group("SST (Stanford Sentiment Treebank)")
+    group.add_argument(
+        "--data",
+        default=None,
+        metavar="DIR",
+        help="folder with train.txt, dev.txt, test.txt (default: $BATCHFOLD_DATA/sst or "
+        "shared/data/sst, else downloaded from Stanford)",
+    )
+    group.add_argument(
+        "--glove",
+        default=None,
+        metavar="PATH",
+        help="GloVe vectors, a file or a folder (default: the glove-sst data folder); "
+        "'none' for random word vectors",
+    )
+    group.add_argument(
+        "--word-dim",
+        type=int,
+        default=50,
+        help="word vector size; picks the GloVe file glove.6B.<dim>d (default: %(default)s)",
+    )
+    group.add_argument(
+        "--cell",
+        choices=("treelstm", "treernn"),
+        default="treelstm",
+        help="binary Tree-LSTM (Tai et al. 2015) or Tree-RNN (Socher et al.) (default: "
+        "%(default)s)",
+    )
+    group.add_argument(
+        "--hidden", type=int, default=150, help="cell state size (default: %(default)s)"
+    )
+    group.add_argument(
+        "--dropout",
+        type=float,
+        default=0.25,
+        help="dropout on word vectors and on node states before the output layer "
+        "(default: %(default)s, Fold's keep probability 0.75)",
+    )
+    group.add_argument(
+        "--embed-lr-scale",
+        type=float,
+        default=0.1,
+        help="the word vectors' learning rate as a fraction of --lr (default: %(default)s)",
+    )
+    group.add_argument(
+        "--eval-batch-size",
+        type=int,
+        default=1000,
+        help="trees per batch_map call when evaluating (default: %(default)s)",
+    )
+    parser.set_defaults(batch_size=100, epochs=20)  # Fold's sentiment model; lr: Adagrad 0.05
+
+
+def make_task(args: argparse.Namespace) -> SSTTask:
+    """The SST task for the parsed options (data is read here).
+
+    Arguments:
+        args: the options of :func:`add_arguments` and of the training loop.
+
+    Returns:
+        The task.
+    """
+    return SSTTask(args)
+
+
+class SSTTask:
+    """Sentiment classification of every node of SST trees (see the module docstring).
+
+    Arguments:
+        args: the options of :func:`add_arguments` and of the training loop.
+
+    Raises:
+        FileNotFoundError: no SST data or no GloVe vectors (the message says where to get them).
+        SSTFormatError: a malformed line in an SST file.
+    """
+
+    name = "sst"
+    best_metric = "root_fine"
+    unit = "trees"
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        try:
+            raw = {split: load_sst(split, args.data) for split in ("train", "dev", "test")}
+        except FileNotFoundError as err:
+            raise FileNotFoundError(f"{err} On the command line: --data DIR.") from err
+        self.vocab = Vocab(
+            word for trees in raw.values() for tree in trees for word in tree.words()
+        )
+        self.vectors = self._word_vectors()
+        self.trees = {
+            split: [
+                to_binary_tree(tree, self.vocab, f"{split}.txt line {i}")
+                for i, tree in enumerate(trees[: None if split == "train" else args.max_eval], 1)
+            ]
+            for split, trees in raw.items()
+        }
+        sizes = ", ".join(f"{len(trees)} {split}" for split, trees in self.trees.items())
+        print(f"sst: {sizes} trees; {len(self.vocab)} words")
+
+    def _word_vectors(self) -> Tensor:
+        if self.args.glove is not None and str(self.args.glove).lower() == "none":
+            generator = torch.Generator().manual_seed(self.args.seed)
+            shape = (len(self.vocab), self.args.word_dim)
+            return (torch.rand(shape, generator=generator) * 2 - 1) * 0.05
+        try:
+            vectors, coverage = load_word_vectors(
+                self.vocab, self.args.glove, self.args.word_dim, seed=self.args.seed
+            )
+        except FileNotFoundError as err:
+            raise FileNotFoundError(
+                f"{err} On the command line: --glove PATH, or --glove none for random vectors."
+            ) from err
+        found = round(coverage * (len(self.vocab) - 1))
+        print(
+            f"glove {self.args.word_dim}d: vectors for {found} of {len(self.vocab) - 1} words "
+            f"({100 * coverage:.1f}%), random for the rest"
+        )
+        return vectors
+
+    def train_items(self) -> list[BinaryTree]:
+        """The training trees, with word ids."""
+        return self.trees["train"]
+
+    def build_model(self) -> SentimentModel:
+        """A fresh classifier whose word vectors are the loaded GloVe vectors."""
+        args = self.args
+        kind = TreeLSTMClassifier if args.cell == "treelstm" else TreeRNNClassifier
+        model = kind(len(self.vocab), args.word_dim, args.hidden, N_CLASSES, args.dropout)
+        with torch.no_grad():
+            model.embedding.weight.copy_(self.vectors)
+        return model
+
+    def param_groups(self, model: nn.Module, lr: float) -> list[dict[str, Any]]:
+        """The word vectors at ``lr * --embed-lr-scale``, every other parameter at ``lr``."""
+        model = _sentiment_model(model)
+        embedding = list(model.embedding.parameters())
+        rest = [p for name, p in model.named_parameters() if not name.startswith("embedding.")]
+        return [
+            {"params": embedding, "lr": lr * self.args.embed_lr_scale},
+            {"params": rest, "lr": lr},
+        ]
+
+    def _batched_logits(self, model: SentimentModel, trees: Sequence[BinaryTree]) -> Tensor:
+        """The logits of every node of ``trees``, in one ``batch_map``: ``[n_nodes, 5]``."""
+        leaf = bf.function(model.cell.leaf, batched=True)
+        node = bf.function(model.cell, batched=True)
+        per_tree = bf.batch_map(
+            lambda tree: tree_node_logits(model, tree, leaf, node),
+            trees,
+            scheduler=self.args.scheduler,
+        )
+        return torch.stack([z for logits in per_tree for z in logits])
+
+    def loss(self, model: nn.Module, batch: Sequence[BinaryTree]) -> tuple[Tensor, int]:
+        """The summed cross-entropy of every node of the batch, and the number of nodes."""
+        # One cross_entropy over all nodes, rather than one per node inside batch_map as in
+        # tree_node_losses: the same sum, with fewer than half the nodes to record.
+        logits = self._batched_logits(_sentiment_model(model), batch)
+        labels = _node_labels(batch, logits.device)
+        return F.cross_entropy(logits, labels, reduction="sum"), len(labels)
+
+    def eager_loss(self, model: nn.Module, batch: Sequence[BinaryTree]) -> tuple[Tensor, int]:
+        """:meth:`loss` computed one tree and one node at a time in plain PyTorch."""
+        model = _sentiment_model(model)
+        total, terms = torch.zeros((), device=model.output.weight.device), 0
+        for tree in batch:
+            logits = torch.stack(tree_node_logits(model, tree))
+            labels = _node_labels([tree], logits.device)
+            total = total + F.cross_entropy(logits, labels, reduction="sum")
+            terms += len(labels)
+        return total, terms
+
+    def evaluate(self, model: nn.Module, split: str) -> dict[str, float]:
+        """The four accuracies (:data:`METRICS`, percent) on ``"dev"`` or ``"test"``."""
+        if split not in ("dev", "test"):
+            raise ValueError(f"SST evaluates on 'dev' or 'test', got {split!r}")
+        model = _sentiment_model(model)
+        trees = self.trees[split]
+        size = self.args.eval_batch_size
+        if not trees or size < 1:
+            raise ValueError(
+                f"SST {split}: nothing to evaluate ({len(trees)} trees, --eval-batch-size {size})"
+            )
+        with torch.no_grad():
+            probs = torch.cat(
+                [
+                    self._batched_logits(model, trees[i : i + size]).softmax(dim=-1)
+                    for i in range(0, len(trees), size)
+                ]
+            )
+        labels = _node_labels(trees, probs.device)
+        ends = torch.tensor([tree.size for tree in trees], device=probs.device).cumsum(0) - 1
+        is_root = torch.zeros(len(labels), dtype=torch.bool, device=probs.device)
+        is_root[ends] = True
+        return sentiment_accuracies(probs, labels, is_root)
+
+
+def _sentiment_model(model: nn.Module) -> SentimentModel:
+    if not isinstance(model, (TreeLSTMClassifier, TreeRNNClassifier)):
+        raise TypeError(
+            f"the SST task runs a TreeLSTMClassifier or TreeRNNClassifier, got "
+            f"{type(model).__name__}"
+        )
+    return model

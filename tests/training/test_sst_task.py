@@ -1,0 +1,217 @@
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from sst_files import TinySST
+
+import batchfold as bf
+from batchfold.cli import build_parser
+from batchfold.data.sst import parse_tree
+from batchfold.data.trees import random_trees
+from batchfold.data.vocab import Vocab
+from batchfold.models.tree_lstm import TreeLSTMClassifier, tree_node_losses
+from batchfold.schedule import Scheduler
+from batchfold.training.sst import (
+    METRICS,
+    SSTTask,
+    TreeRNNClassifier,
+    binary_accuracy,
+    make_task,
+    sentiment_accuracies,
+    to_binary_tree,
+    tree_node_logits,
+)
+from batchfold.training.task import EagerBaseline, Task
+from reference import assert_matches_eager
+
+
+def tiny_task(tiny_sst: TinySST, *extra: str) -> SSTTask:
+    argv = tiny_sst.train_argv(Path("unused"))[2:]  # the options after "train sst"
+    return make_task(build_parser("train", "sst").parse_args([*argv, *extra]))
+
+
+def grads(model: torch.nn.Module, loss: torch.Tensor) -> list[torch.Tensor]:
+    params = list(model.parameters())
+    found = torch.autograd.grad(loss, params, allow_unused=True)
+    return [torch.zeros_like(p) if g is None else g for p, g in zip(params, found, strict=True)]
+
+
+# -- metrics ----------------------------------------------------------------------------------
+
+
+def test_binary_accuracy_compares_positive_and_negative_mass() -> None:
+    probs = torch.tensor(
+        [
+            [0.05, 0.05, 0.80, 0.05, 0.05],  # tie 0.1 = 0.1: negative
+            [0.40, 0.00, 0.00, 0.30, 0.30],  # argmax negative, but positive mass 0.6 wins
+            [0.00, 0.35, 0.30, 0.35, 0.00],  # tie: negative
+            [0.10, 0.10, 0.10, 0.60, 0.10],  # positive
+            [0.20, 0.20, 0.20, 0.20, 0.20],  # gold neutral: not counted
+        ]
+    )
+    labels = torch.tensor([1, 4, 0, 1, 2])
+    # right: row 0 (negative, gold 1), row 1 (positive, gold 4), row 2 (negative, gold 0);
+    # wrong: row 3 (positive, gold 1)
+    assert binary_accuracy(probs, labels) == 75.0
+    assert math.isnan(binary_accuracy(probs[4:], labels[4:]))
+
+
+def test_binary_accuracy_checks_shapes() -> None:
+    with pytest.raises(ValueError, match=r"expects probs \[n, 5\] and labels \[n\], got \[3, 4\]"):
+        binary_accuracy(torch.zeros(3, 4), torch.zeros(3, dtype=torch.long))
+
+
+def test_sentiment_accuracies_by_hand() -> None:
+    probs = torch.tensor(
+        [
+            [0.0, 0.1, 0.1, 0.7, 0.1],  # root, gold 4: fine wrong, binary right
+            [0.6, 0.1, 0.1, 0.1, 0.1],  # gold 0: fine right, binary right
+            [0.1, 0.1, 0.6, 0.1, 0.1],  # gold 2: fine right, not in binary
+            [0.1, 0.6, 0.1, 0.1, 0.1],  # root, gold 1: fine right, binary right
+            [0.1, 0.1, 0.1, 0.1, 0.6],  # gold 0: fine wrong, binary wrong
+        ]
+    )
+    labels = torch.tensor([4, 0, 2, 1, 0])
+    is_root = torch.tensor([True, False, False, True, False])
+    acc = sentiment_accuracies(probs, labels, is_root)
+    assert list(acc) == list(METRICS)
+    assert acc == {"root_fine": 50.0, "root_binary": 100.0, "all_fine": 60.0, "all_binary": 75.0}
+
+
+# -- trees and per-instance code --------------------------------------------------------------
+
+
+def test_to_binary_tree_keeps_labels_and_maps_words() -> None:
+    tree = to_binary_tree(parse_tree("(1 (3 (2 Good) (4 zebra)) (0 bad))"), Vocab(["Good", "bad"]))
+    assert [(n.word, n.label) for n in tree.nodes()] == [
+        (1, 2),
+        (0, 4),  # unknown word: id 0
+        (None, 3),
+        (2, 0),
+        (None, 1),
+    ]
+
+
+def test_to_binary_tree_rejects_unary_nodes() -> None:
+    with pytest.raises(ValueError, match=r"train.txt line 7: the node \(3 \(2 a\)\) has 1 child"):
+        to_binary_tree(parse_tree("(2 (3 (2 a)) (2 b))"), Vocab(["a"]), "train.txt line 7")
+
+
+@pytest.mark.parametrize("cell", ["treelstm", "treernn"])
+@pytest.mark.parametrize("scheduler", ["agenda", "depth"])
+def test_batched_logits_match_one_tree_at_a_time(
+    float64: None, cell: str, scheduler: Scheduler
+) -> None:
+    kind = TreeLSTMClassifier if cell == "treelstm" else TreeRNNClassifier
+    model = kind(50, emb_dim=6, hidden=5)
+    for p in model.parameters():  # larger weights than the default, to exercise the gates
+        torch.nn.init.uniform_(p, -1.0, 1.0)
+    leaf = bf.function(model.cell.leaf, batched=True)
+    node = bf.function(model.cell, batched=True)
+    trees = random_trees(12, 1, 15, rng=3, vocab_size=50, n_classes=5)
+    assert_matches_eager(
+        lambda t: tree_node_logits(model, t, leaf, node), trees, model, scheduler=scheduler
+    )
+
+
+def test_loss_is_the_sum_of_tree_node_losses(float64: None) -> None:
+    model = TreeLSTMClassifier(50, emb_dim=6, hidden=5)
+    trees = random_trees(9, 1, 12, rng=4, vocab_size=50, n_classes=5)
+    leaf = bf.function(model.cell.leaf, batched=True)
+    node = bf.function(model.cell, batched=True)
+    logits = bf.batch_map(lambda t: tree_node_logits(model, t, leaf, node), trees)
+    labels = torch.tensor([n.label for t in trees for n in t.nodes()])
+    ours = torch.nn.functional.cross_entropy(
+        torch.stack([z for zs in logits for z in zs]), labels, reduction="sum"
+    )
+    reference = torch.stack([loss for t in trees for loss in tree_node_losses(model, t)]).sum()
+    torch.testing.assert_close(ours, reference, rtol=1e-12, atol=1e-12)
+    for g, w in zip(grads(model, ours), grads(model, reference), strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
+
+
+# -- the task ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cell", ["treelstm", "treernn"])
+def test_task_loss_batched_equals_eager(tiny_sst: TinySST, cell: str) -> None:
+    task = tiny_task(tiny_sst, "--cell", cell)
+    model = task.build_model().double().eval()  # no dropout: the two runs must agree
+    batch = task.train_items()[:6]
+    loss, terms = task.loss(model, batch)
+    eager, eager_terms = task.eager_loss(model, batch)
+    assert terms == eager_terms == sum(t.size for t in batch)
+    torch.testing.assert_close(loss, eager, rtol=1e-12, atol=1e-12)
+    for g, w in zip(grads(model, loss), grads(model, eager), strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
+
+
+def test_dropout_is_active_in_train_mode_only(tiny_sst: TinySST) -> None:
+    task = tiny_task(tiny_sst, "--dropout", "0.5")
+    model = task.build_model()
+    batch = task.train_items()[:8]
+    model.train()
+    first, second = task.loss(model, batch)[0], task.loss(model, batch)[0]
+    assert not torch.equal(first, second)
+    model.eval()
+    with torch.no_grad():
+        assert torch.equal(task.loss(model, batch)[0], task.loss(model, batch)[0])
+        no_dropout = task.eager_loss(model, batch)[0]
+    torch.testing.assert_close(task.loss(model, batch)[0].detach(), no_dropout)
+
+
+def test_evaluate_matches_one_tree_at_a_time(tiny_sst: TinySST) -> None:
+    task = tiny_task(tiny_sst)
+    model = task.build_model().eval()
+    with torch.no_grad():
+        got = task.evaluate(model, "test")
+        probs = [torch.stack(tree_node_logits(model, t)).softmax(-1) for t in task.trees["test"]]
+    labels = [torch.tensor([n.label for n in t.nodes()]) for t in task.trees["test"]]
+    root_probs = torch.stack([p[-1] for p in probs])
+    root_labels = torch.stack([y[-1] for y in labels])
+    all_probs, all_labels = torch.cat(probs), torch.cat(labels)
+    want = {
+        "root_fine": 100 * (root_probs.argmax(-1) == root_labels).double().mean().item(),
+        "root_binary": binary_accuracy(root_probs, root_labels),
+        "all_fine": 100 * (all_probs.argmax(-1) == all_labels).double().mean().item(),
+        "all_binary": binary_accuracy(all_probs, all_labels),
+    }
+    assert got.keys() == want.keys()
+    for name in METRICS:
+        assert got[name] == pytest.approx(want[name], nan_ok=True)
+
+
+def test_the_task_fits_the_loop(tiny_sst: TinySST) -> None:
+    task: Task = tiny_task(tiny_sst)  # pyright checks the protocol here
+    assert isinstance(task, EagerBaseline)
+    assert (task.name, task.best_metric, task.unit) == ("sst", "root_fine", "trees")
+    assert len(task.train_items()) == 16
+
+
+def test_word_vectors_and_their_learning_rate(
+    tiny_sst: TinySST, capsys: pytest.CaptureFixture[str]
+) -> None:
+    task = tiny_task(tiny_sst, "--embed-lr-scale", "0.25")
+    assert "glove 4d: vectors for" in capsys.readouterr().out
+    model = task.build_model()
+    assert isinstance(model, TreeLSTMClassifier)
+    good = task.vocab.lookup("good")
+    glove_line = tiny_sst.glove.read_text().splitlines()[0].split()
+    assert glove_line[0] == "good"
+    torch.testing.assert_close(
+        model.embedding.weight[good], torch.tensor([float(v) for v in glove_line[1:]])
+    )
+    embedding_group, rest_group = task.param_groups(model, lr=0.2)
+    assert embedding_group["lr"] == pytest.approx(0.05) and rest_group["lr"] == 0.2
+    assert embedding_group["params"] == [model.embedding.weight]
+    assert len(rest_group["params"]) == len(list(model.parameters())) - 1
+
+
+def test_random_word_vectors_without_glove(tiny_sst: TinySST) -> None:
+    task = tiny_task(tiny_sst, "--glove", "none", "--word-dim", "3")
+    weight = task.build_model().get_parameter("embedding.weight")
+    assert weight.shape == (len(task.vocab), 3)
+    assert float(weight.detach().abs().max()) <= 0.05

@@ -1,0 +1,157 @@
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from sst_files import TinySST
+from torch import Tensor, nn
+
+from batchfold import cli
+from batchfold.training import loop
+from batchfold.training.sst import METRICS
+
+
+def read_jsonl(file: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in file.read_text().splitlines()]
+
+
+def test_two_epochs_write_every_output(tiny_sst: TinySST, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    assert cli.main(tiny_sst.train_argv(out)) == 0
+    assert {p.name for p in out.iterdir()} == {
+        "config.json",
+        "metrics.jsonl",
+        "last.pt",
+        "best.pt",
+        "curves.png",
+        "test.json",
+    }
+    config = json.loads((out / "config.json").read_text())
+    assert (config["task"], config["lr"], config["optimizer"], config["hidden"]) == (
+        "sst",
+        0.05,
+        "adagrad",
+        4,
+    )
+    history = read_jsonl(out / "metrics.jsonl")
+    assert [r["epoch"] for r in history] == [1, 2]
+    for record in history:
+        assert set(record) == {"epoch", "train_loss", "items_per_s", "seconds", "dev"}
+        assert list(record["dev"]) == list(METRICS)
+        assert record["train_loss"] > 0 and record["items_per_s"] > 0
+    best_value = max(r["dev"]["root_fine"] for r in history)
+    best_epoch = next(r["epoch"] for r in history if r["dev"]["root_fine"] == best_value)
+    best = loop.load_checkpoint(out / "best.pt")
+    last = loop.load_checkpoint(out / "last.pt")
+    assert best["epoch"] == best_epoch and last["epoch"] == 2
+    summary = json.loads((out / "test.json").read_text())
+    assert summary["best_epoch"] == best_epoch
+    assert summary["dev"] == history[best_epoch - 1]["dev"]
+    assert list(summary["test"]) == list(METRICS)
+    speed = summary["throughput"]
+    assert speed["items"] == 4 and speed["speedup"] == pytest.approx(
+        speed["batched_per_s"] / speed["one_at_a_time_per_s"]
+    )
+    assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_resume_continues_exactly(tiny_sst: TinySST, tmp_path: Path) -> None:
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    dropout = ("--dropout", "0.3")  # dropout draws random numbers: the RNG state must resume
+    assert cli.main(tiny_sst.train_argv(straight, *dropout)) == 0
+    assert cli.main(tiny_sst.train_argv(resumed, *dropout, "--epochs", "1")) == 0
+    assert loop.load_checkpoint(resumed / "last.pt")["epoch"] == 1
+    assert cli.main(tiny_sst.train_argv(resumed, *dropout, "--resume")) == 0
+    a, b = loop.load_checkpoint(straight / "last.pt"), loop.load_checkpoint(resumed / "last.pt")
+    assert a["epoch"] == b["epoch"] == 2
+    assert a["model"].keys() == b["model"].keys()
+    for name in a["model"]:
+        assert torch.equal(a["model"][name], b["model"][name]), name
+    for p, q in zip(
+        a["optimizer"]["state"].values(), b["optimizer"]["state"].values(), strict=True
+    ):
+        assert all(torch.equal(torch.as_tensor(p[k]), torch.as_tensor(q[k])) for k in p)
+    dev = [[r["dev"] for r in read_jsonl(run / "metrics.jsonl")] for run in (straight, resumed)]
+    assert dev[0] == dev[1] and len(dev[0]) == 2
+
+
+def test_resume_refuses_changed_options(
+    tiny_sst: TinySST, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    assert cli.main(tiny_sst.train_argv(out, "--epochs", "1", "--compare-batches", "0")) == 0
+    assert cli.main(tiny_sst.train_argv(out, "--resume", "--hidden", "6")) == 1
+    err = capsys.readouterr().err
+    assert "--resume from" in err and "hidden: 4 -> 6" in err
+
+
+def test_resume_needs_a_checkpoint(
+    tiny_sst: TinySST, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(tiny_sst.train_argv(tmp_path / "empty", "--resume")) == 1
+    assert f"--resume: no checkpoint at {tmp_path / 'empty' / 'last.pt'}" in capsys.readouterr().err
+
+
+def test_shuffled_batches_depend_on_seed_and_epoch_only() -> None:
+    one = loop.shuffled_batches(10, 3, seed=5, epoch=1)
+    assert one == loop.shuffled_batches(10, 3, seed=5, epoch=1)
+    assert one != loop.shuffled_batches(10, 3, seed=5, epoch=2)
+    assert sorted(i for b in one for i in b) == list(range(10))
+    with pytest.raises(loop.ConfigError, match="--batch-size must be at least 1, got 0"):
+        loop.shuffled_batches(10, 0, seed=5, epoch=1)
+
+
+class LinearTask:
+    """A task with no trees at all: the loop must not care what the items are."""
+
+    name = "linear"
+    best_metric = "neg_mse"
+    unit = "points"
+
+    def __init__(self, scale: float = 1.0) -> None:
+        generator = torch.Generator().manual_seed(0)
+        self.x = torch.randn(40, 3, generator=generator)
+        self.y = self.x @ torch.tensor([1.0, -2.0, 0.5]) * scale
+
+    def train_items(self) -> list[int]:
+        return list(range(30))
+
+    def build_model(self) -> nn.Module:
+        return nn.Linear(3, 1)
+
+    def param_groups(self, model: nn.Module, lr: float) -> list[dict[str, Any]]:
+        return [{"params": list(model.parameters())}]
+
+    def loss(self, model: nn.Module, batch: Sequence[int]) -> tuple[Tensor, int]:
+        index = torch.tensor(list(batch))
+        error = model(self.x[index]).squeeze(-1) - self.y[index]
+        return (error**2).sum(), len(batch)
+
+    def evaluate(self, model: nn.Module, split: str) -> dict[str, float]:
+        rows = slice(30, 35) if split == "dev" else slice(35, 40)
+        return {"neg_mse": -float(((model(self.x[rows]).squeeze(-1) - self.y[rows]) ** 2).mean())}
+
+
+def linear_args(out: Path, *extra: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    loop.add_arguments(parser, "linear")
+    return parser.parse_args(["--out", str(out), "--epochs", "3", "--batch-size", "8", *extra])
+
+
+def test_the_loop_runs_any_task(tmp_path: Path) -> None:
+    summary = loop.train(LinearTask(), linear_args(tmp_path, "--optimizer", "adam", "--lr", "0.1"))
+    history = read_jsonl(tmp_path / "metrics.jsonl")
+    assert history[-1]["train_loss"] < history[0]["train_loss"]
+    assert summary["throughput"] is None  # no eager baseline to compare with
+    assert summary["test"].keys() == {"neg_mse"}
+    assert json.loads((tmp_path / "config.json").read_text())["lr"] == 0.1
+
+
+def test_a_diverging_loss_stops_with_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(FloatingPointError, match="the linear loss is inf at epoch 1, batch 1"):
+        loop.train(LinearTask(scale=1e30), linear_args(tmp_path))
