@@ -26,11 +26,13 @@ test: lint
 
 check: test
 
+# The side-by-side suite (benchmarks/README.md); peers run where benchmarks/setup_peers.sh made
+# them. bench: a few minutes on 2 idle cores; bench-full: about two hours.
 bench: $(STAMP)
-	$(PY) benchmarks/bench_treelstm.py --quick
+	$(PY) benchmarks/run_suite.py --quick
 
 bench-full: $(STAMP)
-	$(PY) benchmarks/bench_treelstm.py
+	$(PY) benchmarks/run_suite.py
 
 size:
 	@wc -l src/batchfold/graph.py src/batchfold/ops.py src/batchfold/schedule.py src/batchfold/execute.py | sort -n

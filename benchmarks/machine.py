@@ -6,11 +6,14 @@ import datetime
 import os
 import platform
 import subprocess
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+import batchfold
 
 
 def cpu_model() -> str:
@@ -24,11 +27,19 @@ def cpu_model() -> str:
 
 
 def describe_machine(threads: int) -> dict[str, Any]:
-    """Machine, library versions, commit and date, for a results file."""
+    """Machine, CPU count, threads, library versions, commit and date, for a results file."""
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
         ).stdout.strip()
+        changed = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        if changed:
+            commit += " (with uncommitted changes)"
     except (OSError, subprocess.CalledProcessError):
         commit = "unknown"
     return {
@@ -37,6 +48,8 @@ def describe_machine(threads: int) -> dict[str, Any]:
         "threads": threads,
         "python": platform.python_version(),
         "torch": torch.__version__,
+        "batchfold": batchfold.__version__,
+        "matplotlib": version("matplotlib"),
         "numpy": np.__version__,
         "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "commit": commit,

@@ -22,6 +22,11 @@ Modes:
 * ``prebuilt``: the batched graphs are made before timing (as a data loader would).
 * ``inloop``: ``dgl.batch`` of the per-tree graphs is inside every timed step.
 
+Each line also has the time of every timed pass (``train_times_s``, ``infer_times_s``) and the
+peak memory of the warm-up and timed passes (``peak_mb``: the rise of resident memory, see
+``benchmarks/memory.py``); time training and inference in separate runs (``--no-infer``,
+``--no-train``) for a peak of each.
+
 A training step is forward, backward and one plain SGD update (``torch.optim.SGD``);
 inference is the forward (loss value) under ``torch.no_grad``. One timed repeat is a pass
 over all full batches of the file (fewer trees than one batch: the trees are cycled to fill
@@ -45,9 +50,12 @@ import time
 import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("DGLBACKEND", "pytorch")
 
 import treeio  # noqa: E402
+
+import memory  # noqa: E402  (benchmarks/memory.py: peak resident memory, standard library only)
 
 
 def parse_args(argv=None):
@@ -179,24 +187,25 @@ def main(argv=None) -> int:
             else:
                 items = batches
                 get = dgl.batch
-            for i in range(args.warmup):
-                it = items[i % len(items)]
-                if not args.no_train:
-                    train_step(get(it))
-                if not args.no_infer:
-                    infer_step(get(it))
             train_times, infer_times = [], []
-            for _ in range(args.repeats):
-                if not args.no_train:
-                    t0 = time.perf_counter()
-                    for it in items:
+            with memory.PeakMemory() as peak:  # warm-up and timed passes
+                for i in range(args.warmup):
+                    it = items[i % len(items)]
+                    if not args.no_train:
                         train_step(get(it))
-                    train_times.append(time.perf_counter() - t0)
-                if not args.no_infer:
-                    t0 = time.perf_counter()
-                    for it in items:
+                    if not args.no_infer:
                         infer_step(get(it))
-                    infer_times.append(time.perf_counter() - t0)
+                for _ in range(args.repeats):
+                    if not args.no_train:
+                        t0 = time.perf_counter()
+                        for it in items:
+                            train_step(get(it))
+                        train_times.append(time.perf_counter() - t0)
+                    if not args.no_infer:
+                        t0 = time.perf_counter()
+                        for it in items:
+                            infer_step(get(it))
+                        infer_times.append(time.perf_counter() - t0)
             tr = treeio.median(train_times) if train_times else None
             inf = treeio.median(infer_times) if infer_times else None
             print(
@@ -211,6 +220,9 @@ def main(argv=None) -> int:
                         "infer_median_s": inf,
                         "repeats": args.repeats,
                         "trees_per_pass": n_trees,
+                        "train_times_s": train_times,
+                        "infer_times_s": infer_times,
+                        **peak.as_dict(),
                         "threads": args.threads,
                         "version": f"dgl {dgl.__version__}, torch {torch.__version__}",
                     }

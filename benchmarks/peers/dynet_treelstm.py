@@ -18,6 +18,10 @@ For each autobatch mode and batch size it prints one JSON line::
   ``train_trees_per_s`` = trees per pass / ``median_s``; ``infer_median_s`` likewise.
 * Modes: 0 = ``none`` (no autobatching), 1 = ``agenda``, 2 = ``depth``. DyNet fixes the mode
   when it is imported, so with several modes each one runs in a child process.
+* Each line also has the time of every timed pass (``train_times_s``, ``infer_times_s``) and
+  the peak memory of the warm-up and timed passes (``peak_mb``: the rise of resident memory,
+  see ``benchmarks/memory.py``; ``resident_peak_mb``: the whole process). Time training and
+  inference in separate runs (``--no-infer``, ``--no-train``) for a peak of each.
 * DyNet's CPU build here runs single-threaded (no OpenMP or MKL in the wheel); ``threads``
   in the output is therefore 1.
 
@@ -37,8 +41,11 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import treeio  # noqa: E402
+
+import memory  # noqa: E402  (benchmarks/memory.py: peak resident memory, standard library only)
 
 MODE_NAMES = {0: "none", 1: "agenda", 2: "depth"}
 
@@ -162,24 +169,25 @@ def run_mode(args, mode: int) -> None:
     for bs in treeio.parse_int_list(args.batch_sizes):
         batches = treeio.make_batches(trees, bs)
         n_trees = sum(len(b) for b in batches)
-        for i in range(args.warmup):
-            b = batches[i % len(batches)]
-            if not args.no_train:
-                model.train_step(b)
-            if not args.no_infer:
-                model.infer_step(b)
         train_times, infer_times = [], []
-        for _ in range(args.repeats):
-            if not args.no_train:
-                t0 = time.perf_counter()
-                for b in batches:
+        with memory.PeakMemory() as peak:  # warm-up and timed passes
+            for i in range(args.warmup):
+                b = batches[i % len(batches)]
+                if not args.no_train:
                     model.train_step(b)
-                train_times.append(time.perf_counter() - t0)
-            if not args.no_infer:
-                t0 = time.perf_counter()
-                for b in batches:
+                if not args.no_infer:
                     model.infer_step(b)
-                infer_times.append(time.perf_counter() - t0)
+            for _ in range(args.repeats):
+                if not args.no_train:
+                    t0 = time.perf_counter()
+                    for b in batches:
+                        model.train_step(b)
+                    train_times.append(time.perf_counter() - t0)
+                if not args.no_infer:
+                    t0 = time.perf_counter()
+                    for b in batches:
+                        model.infer_step(b)
+                    infer_times.append(time.perf_counter() - t0)
         tr = treeio.median(train_times) if train_times else None
         inf = treeio.median(infer_times) if infer_times else None
         print(
@@ -195,6 +203,9 @@ def run_mode(args, mode: int) -> None:
                     "infer_median_s": inf,
                     "repeats": args.repeats,
                     "trees_per_pass": n_trees,
+                    "train_times_s": train_times,
+                    "infer_times_s": infer_times,
+                    **peak.as_dict(),
                     "threads": 1,
                     "version": dy_version,
                 }

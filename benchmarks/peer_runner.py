@@ -1,0 +1,136 @@
+"""Running the peer systems' benchmark scripts from the main benchmarks, in their own environments.
+
+Each peer (DyNet, DGL) has a virtual environment under ``benchmarks/.peers/<peer>``, made by
+``benchmarks/setup_peers.sh``, and scripts under ``benchmarks/peers/`` that print one JSON line
+per configuration. A benchmark writes the trees and the initial weights it uses to files
+(:func:`write_trees`), runs the peer script on them (:func:`run_peer`) and folds the JSON
+lines into its own results. A peer that is not installed, or whose run fails, is reported
+with the reason (:class:`PeerUnavailable`) and the benchmark carries on.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from batchfold.data.trees import BinaryTree
+
+HERE = Path(__file__).resolve().parent
+PEER_ENVS = HERE / ".peers"
+PEER_SCRIPTS = HERE / "peers"
+_PROBES = {"dynet": "import dynet_config", "dgl": "import dgl, torch"}
+
+
+class PeerUnavailable(RuntimeError):
+    """A peer system cannot run here; the message says why."""
+
+
+def peer_python(peer: str) -> Path:
+    """The Python of a peer's environment, checked (once per process) to import the peer.
+
+    Arguments:
+        peer: ``"dynet"`` or ``"dgl"``.
+
+    Returns:
+        The interpreter's path.
+
+    Raises:
+        PeerUnavailable: the environment is missing or cannot import the peer.
+    """
+    found = _probe(peer)
+    if isinstance(found, str):
+        raise PeerUnavailable(found)
+    return found
+
+
+@functools.cache
+def _probe(peer: str) -> Path | str:
+    """The peer's interpreter, or why there is none."""
+    python = PEER_ENVS / peer / "bin" / "python"
+    if not python.exists():
+        return (
+            f"peer not installed: no {python.relative_to(HERE.parent)} "
+            "(run bash benchmarks/setup_peers.sh)"
+        )
+    probe = subprocess.run(
+        [str(python), "-c", _PROBES[peer]],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "DGLBACKEND": "pytorch"},
+    )
+    if probe.returncode != 0:
+        last = (probe.stderr.strip().splitlines() or ["unknown error"])[-1]
+        return f"peer not installed: {peer} does not import ({last})"
+    return python
+
+
+def run_peer(peer: str, script: str, args: Sequence[str], timeout: float = 3600) -> list[dict]:
+    """Run one peer script and return the JSON objects it printed, one per line.
+
+    Arguments:
+        peer: the environment to run in (``"dynet"``, ``"dgl"``).
+        script: the file name under ``benchmarks/peers/``.
+        args: its command-line arguments.
+        timeout: seconds before the run is abandoned.
+
+    Returns:
+        The parsed lines.
+
+    Raises:
+        PeerUnavailable: the peer is not installed, or the run failed or timed out.
+    """
+    python = peer_python(peer)
+    command = [str(python), str(PEER_SCRIPTS / script), *args]
+    try:
+        done = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, "DGLBACKEND": "pytorch"},
+        )
+    except subprocess.TimeoutExpired as error:
+        raise PeerUnavailable(f"{peer} {script} ran past {timeout:.0f} s") from error
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        raise PeerUnavailable(f"{peer} {script} failed: {last}")
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def nested(tree: BinaryTree) -> tuple[Any, Any]:
+    """A tree as ``treeio``'s nested lists: ``(structure, labels)`` (see ``peers/treeio.py``).
+
+    Example:
+        >>> leaf = BinaryTree.leaf
+        >>> nested(BinaryTree.node(leaf(3, 1), leaf(5, 2), label=4))
+        ([3, 5], [4, 1, 2])
+    """
+    stack: list[tuple[Any, Any]] = []
+    for node in tree.nodes():  # post-order, iterative
+        if node.left is None:
+            stack.append((node.word, node.label))
+        else:
+            right, left = stack.pop(), stack.pop()
+            stack.append(([left[0], right[0]], [node.label, left[1], right[1]]))
+    return stack[0]
+
+
+def write_trees(trees: Sequence[BinaryTree], path: Path) -> Path:
+    """Write trees (words and every node's label) in ``treeio``'s JSON format.
+
+    Arguments:
+        trees: the trees, in the order the peer should batch them.
+        path: the file to write.
+
+    Returns:
+        ``path``.
+    """
+    pairs = [nested(t) for t in trees]
+    data = {"trees": [p[0] for p in pairs], "labels": [p[1] for p in pairs]}
+    path.write_text(json.dumps(data, separators=(",", ":")))
+    return path

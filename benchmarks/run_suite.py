@@ -1,0 +1,270 @@
+"""The benchmark suite: every benchmark and every installed peer in one run, one results file.
+
+Runs, each in a fresh process so that one's memory does not count against the next:
+
+* ``bench_treelstm.py``: the Tree-LSTM on random, complete and SST trees; naive, hand-written
+  level batching, batchfold, and the peers DyNet (autobatch none, agenda, depth) and DGL;
+* ``bench_fold.py``: TensorFlow Fold's ICLR 2017 benchmark (with DyNet);
+* ``bench_schedule.py``: the schedulers alone, 10^3 to 10^6 nodes;
+* ``bench_tagger_parser.py``: the BiLSTM tagger and greedy parser on UD EWT, where present.
+
+A peer that is not installed is named as such and the suite carries on; so does a benchmark
+that fails (its error is kept in the results). It then writes under ``benchmarks/results/``
+one JSON file (the machine, thread count, library and peer versions, commit, date, and every
+configuration's median, spread, peak memory, FLOP/s fraction and batchfold's time split), a
+markdown report that opens with the issue's targets, and PNG plots.
+
+    python benchmarks/run_suite.py --quick     # make bench: a few minutes on 2 idle cores
+    python benchmarks/run_suite.py             # make bench-full: about two hours
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from machine import describe_machine, markdown_table
+from peer_runner import PeerUnavailable, peer_python
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+# name: (script, stem of the results files it writes)
+BENCHMARKS = {
+    "treelstm": ("bench_treelstm.py", "treelstm"),
+    "fold": ("bench_fold.py", "fold"),
+    "schedule": ("bench_schedule.py", "schedule"),
+    "tagger_parser": ("bench_tagger_parser.py", "tagger-parser"),
+}
+PEER_VERSIONS = {
+    "dynet": "from importlib.metadata import version; print('dynet38', version('dyNET38'))",
+    "dgl": "import dgl, torch; print('dgl', dgl.__version__, 'torch', torch.__version__)",
+}
+
+
+def peer_status() -> dict[str, str]:
+    """``"ok (version)"`` or ``"peer not installed: ..."`` for each peer."""
+    status = {}
+    for peer, probe in PEER_VERSIONS.items():
+        try:
+            python = peer_python(peer)
+        except PeerUnavailable as error:
+            status[peer] = str(error)
+            continue
+        done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True)
+        status[peer] = f"ok ({done.stdout.strip()})" if done.returncode == 0 else "ok"
+    return status
+
+
+def run_benchmark(
+    name: str, quick: bool, threads: int, folder: Path, extra: Sequence[str]
+) -> tuple[dict[str, Any] | None, str | None, float]:
+    """Run one benchmark script in a fresh process; its results, its error, its seconds."""
+    script = HERE / BENCHMARKS[name][0]
+    command = [sys.executable, str(script), "--threads", str(threads), "--out", str(folder)]
+    command += (["--quick"] if quick else []) + list(extra)
+    print(f"\n=== {name}: {' '.join(command[1:])}", flush=True)
+    start = time.perf_counter()
+    done = subprocess.run(command, cwd=HERE.parent)
+    seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        return None, f"{name} failed with exit status {done.returncode} (see its output)", seconds
+    return json.loads((folder / f"{_stem(name, quick)}.json").read_text()), None, seconds
+
+
+def targets(suite: dict[str, Any]) -> list[list[str]]:
+    """The issue's targets on this CPU, each with what this run measured."""
+    out: list[list[str]] = []
+    tree = suite["benchmarks"].get("treelstm")
+    if tree:
+        rows = {
+            r["system"]: r
+            for r in tree["rows"]
+            if r["workload"] == "random 2-60 leaves"
+            and r["mode"] == "training"
+            and r["batch_size"] == 256
+        }
+        hand = rows.get("hand-written level batching")
+        for system in ("batchfold agenda", "batchfold depth"):
+            r = rows.get(system)
+            if not r or not hand:
+                continue
+            ratio = r["trees_per_s"] / hand["trees_per_s"]
+            share = r["schedule_s"] / r["median_s"]
+            where = ", ".join(
+                f"{k.removesuffix('_s')} {100 * r[k] / r['median_s']:.0f}%"
+                for k in ("record_s", "schedule_s", "execute_s")
+            )
+            out += [
+                [f"{system} >= 1.0x hand-written", f"{ratio:.2f}x", _met(ratio >= 1.0)],
+                [
+                    f"{system}: scheduling < 10% of the step",
+                    f"{100 * share:.1f}%",
+                    _met(share < 0.1),
+                ],
+                [
+                    f"{system}: >= 50% of matmul FLOP/s",
+                    f"{100 * r['flops_fraction']:.0f}% (step: {where})",
+                    _met(r["flops_fraction"] >= 0.5),
+                ],
+            ]
+    if tree:
+        out += naive_speedup_targets(tree["rows"])
+    fold = suite["benchmarks"].get("fold")
+    if fold:
+        out += fold_speedup_targets(fold["rows"])
+    return out
+
+
+def naive_speedup_targets(rows: list[dict[str, Any]]) -> list[list[str]]:
+    """Tree-LSTM training on random trees: batchfold's speedup over naive grows with batch size."""
+    out = []
+    for system in ("batchfold agenda", "batchfold depth"):
+        points = []
+        for r in rows:
+            if (r["workload"], r["mode"], r["system"]) != (
+                "random 2-60 leaves",
+                "training",
+                system,
+            ):
+                continue
+            naive = next(
+                (
+                    n
+                    for n in rows
+                    if n["system"] == "naive per-tree"
+                    and (n["workload"], n["mode"], n["batch_size"])
+                    == (r["workload"], r["mode"], r["batch_size"])
+                ),
+                None,
+            )
+            if naive:
+                points.append((r["batch_size"], r["trees_per_s"] / naive["trees_per_s"]))
+        if len(points) >= 2:
+            points.sort()
+            grows = all(b[1] >= a[1] for a, b in zip(points, points[1:], strict=False))
+            text = ", ".join(f"b={b}: {s:.1f}x" for b, s in points)
+            out.append([f"Tree-LSTM {system}: speedup over naive grows", text, _met(grows)])
+    return out
+
+
+def fold_speedup_targets(rows: list[dict[str, Any]]) -> list[list[str]]:
+    """Speedup over batch size 1 grows with batch size and does not fall at the largest one."""
+    out = []
+    for state in sorted({r["state"] for r in rows}, reverse=True):
+        mine = [r for r in rows if r["state"] == state]
+        base = next((r for r in mine if r["system"] == "manual" and r["batch_size"] == 1), None)
+        if base is None:
+            continue
+        for system in sorted({r["system"] for r in mine if r["system"].startswith("batchfold")}):
+            points = sorted(
+                (r["batch_size"], base["ms_per_tree"] / r["ms_per_tree"])
+                for r in mine
+                if r["system"] == system and r["mode"] == "full dynamic"
+            )
+            if len(points) < 2:
+                continue
+            grows = all(b[1] >= a[1] for a, b in zip(points, points[1:], strict=False))
+            text = ", ".join(f"b={b}: {s:.1f}x" for b, s in points)
+            out.append(
+                [f"Fold state {state}, {system} full dynamic: speedup grows", text, _met(grows)]
+            )
+    return out
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "NOT met"
+
+
+def report(suite: dict[str, Any], summaries: dict[str, str]) -> str:
+    """The suite's markdown: machine, peers, targets, then each benchmark's own report."""
+    m = suite["machine"]
+    lines = [
+        f"# Benchmark suite ({'quick' if suite['quick'] else 'full'})\n",
+        f"{m['cpu']}, {m['cpus']} CPUs, {m['threads']} threads, python {m['python']}, "
+        f"torch {m['torch']}, numpy {m['numpy']}, commit {m['commit']}, {m['date']}\n",
+        "Peers: " + "; ".join(f"{k}: {v}" for k, v in suite["peers"].items()) + "\n",
+        "Seconds per benchmark: "
+        + ", ".join(f"{k} {v:.0f}" for k, v in suite["seconds"].items())
+        + "\n",
+    ]
+    if suite["errors"]:
+        lines.append("Errors: " + "; ".join(suite["errors"]) + "\n")
+    rows = targets(suite)
+    if rows:
+        lines.append("## Targets\n\n" + markdown_table(["target", "measured", ""], rows) + "\n")
+    lines += [_demote(text) for text in summaries.values()]
+    return "\n".join(lines)
+
+
+def _demote(markdown: str) -> str:
+    """Every heading one level down, to nest a benchmark's report in the suite's."""
+    return "\n".join("#" + line if line.startswith("#") else line for line in markdown.split("\n"))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run the suite and write its JSON, markdown and plots."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="the quick suite (make bench)")
+    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    parser.add_argument("--only", nargs="+", choices=sorted(BENCHMARKS), help="run only these")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the results")
+    parser.add_argument(
+        "--pass",
+        dest="passed",
+        nargs="*",
+        default=[],
+        metavar="BENCH:ARG",
+        help="an extra argument for one benchmark, e.g. fold:--repeats=1",
+    )
+    args = parser.parse_args(argv)
+    status = peer_status()
+    for peer, state in status.items():
+        print(f"{peer}: {state}")
+    suite: dict[str, Any] = {
+        "suite": "quick" if args.quick else "full",
+        "quick": args.quick,
+        "machine": describe_machine(args.threads),
+        "peers": status,
+        "benchmarks": {},
+        "seconds": {},
+        "errors": [],
+    }
+    summaries: dict[str, str] = {}
+    present = [name for name, (script, _) in BENCHMARKS.items() if (HERE / script).exists()]
+    with tempfile.TemporaryDirectory() as scratch:
+        for name in args.only or present:
+            extra = [a.split(":", 1)[1] for a in args.passed if a.startswith(name + ":")]
+            results, error, seconds = run_benchmark(
+                name, args.quick, args.threads, Path(scratch), extra
+            )
+            suite["seconds"][name] = seconds
+            if error:
+                suite["errors"].append(error)
+                continue
+            suite["benchmarks"][name] = results
+            summaries[name] = (Path(scratch) / f"{_stem(name, args.quick)}.md").read_text()
+    stem = "suite-quick" if args.quick else "suite"
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{stem}.json").write_text(json.dumps(suite, indent=1))
+    (args.out / f"{stem}.md").write_text(report(suite, summaries))
+    from plots import all_plots
+
+    plots = all_plots(suite, args.out / f"plots-{stem}")
+    print(f"\nwrote {args.out / stem}.json, .md and {len(plots)} plots in plots-{stem}/")
+    if suite["errors"]:
+        print("errors: " + "; ".join(suite["errors"]))
+
+
+def _stem(name: str, quick: bool) -> str:
+    return BENCHMARKS[name][1] + ("-quick" if quick else "")
+
+
+if __name__ == "__main__":
+    main()
