@@ -1,0 +1,271 @@
+"""The ``parser`` job: an arc-hybrid BiLSTM parser on UD English-EWT (``batchfold train parser``).
+
+Training uses the static oracle (:func:`~batchfold.models.parser.sentence_loss`) or, with
+``--oracle dynamic``, the dynamic oracle with exploration
+(:func:`~batchfold.models.parser.exploring_loss`), run over each batch with
+:func:`batchfold.batch_map`. Non-projective training sentences are skipped (the arc-hybrid
+system cannot build them) and counted; dev and test keep every sentence. Evaluation decodes
+greedily with :func:`~batchfold.models.parser.parse`, whose per-transition reads are sync
+points, so a whole batch of sentences is decoded together.
+
+Metrics: ``dev_uas``, ``dev_las`` (and ``test_...``) in percent, over every word,
+punctuation included, relations compared with their subtypes. The number of skipped
+training sentences is printed when the task is made and kept as
+:attr:`ParserTask.skipped_nonprojective`. UPOS tags, when the model uses them
+(``--pos-dim``, 25 by default as in Kiperwasser and Goldberg), are the treebank's gold tags.
+Adam (learning rate 0.001) is the default optimizer.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from functools import partial
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+import batchfold as bf
+from batchfold.data.conllu import Sentence, attachment_scores, build_vocabs
+from batchfold.models.parser import ArcHybridParser, exploring_loss, parse, sentence_loss
+from batchfold.schedule import Scheduler
+from batchfold.training.tagger import (
+    UDSplits,
+    add_option,
+    add_ud_arguments,
+    batched_predictions,
+    describe_splits,
+    expect_model,
+    load_splits,
+    word_counts,
+)
+
+__all__ = ["ParserTask", "add_arguments", "make_task"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The parser's command line options (plus the UD data options).
+
+    Arguments:
+        parser: the parser of ``batchfold train parser``.
+    """
+    add_ud_arguments(parser)
+    add_option(parser, "--word-dim", type=int, default=100, help="word vector size")
+    add_option(
+        parser, "--pos-dim", type=int, default=25, help="gold UPOS vector size; 0 turns tags off"
+    )
+    add_option(parser, "--hidden", type=int, default=125, help="BiLSTM size per direction")
+    add_option(parser, "--layers", type=int, default=2, help="BiLSTM layers")
+    add_option(parser, "--mlp-hidden", type=int, default=100, help="MLP hidden layer size")
+    add_option(
+        parser,
+        "--word-dropout",
+        type=float,
+        default=0.25,
+        help="word dropout alpha: a word seen c times becomes <unk> with p = alpha/(alpha+c)",
+    )
+    add_option(
+        parser,
+        "--oracle",
+        choices=("static", "dynamic"),
+        default="static",
+        help="training oracle: static (gold transitions) or dynamic with exploration",
+    )
+    add_option(
+        parser,
+        "--explore",
+        type=float,
+        default=0.9,
+        help="dynamic oracle: probability of following the parser's own wrong transition",
+    )
+    parser.set_defaults(optimizer="adam", batch_size=32, epochs=30)
+
+
+class ParserTask:
+    """An arc-hybrid BiLSTM parser on UD English-EWT, for the generic training loop.
+
+    Arguments:
+        splits: the train, dev and test sentences.
+        word_dim: the word vector size.
+        pos_dim: the UPOS vector size; 0 turns tags off.
+        hidden: the BiLSTM size per direction.
+        layers: the number of BiLSTM layers.
+        mlp_hidden: the MLP hidden layer size.
+        word_dropout: the word dropout ``alpha``.
+        oracle: ``"static"`` or ``"dynamic"``.
+        explore: with the dynamic oracle, the probability of following a wrong prediction.
+        eval_batch: sentences per ``batch_map`` call when evaluating.
+        scheduler: ``batch_map``'s scheduler.
+
+    Raises:
+        ValueError: no training sentence is projective, or an unknown oracle.
+    """
+
+    name = "parser"
+    best_metric = "dev_uas"
+    unit = "sentences"
+
+    def __init__(
+        self,
+        splits: UDSplits,
+        *,
+        word_dim: int = 100,
+        pos_dim: int = 25,
+        hidden: int = 125,
+        layers: int = 2,
+        mlp_hidden: int = 100,
+        word_dropout: float = 0.25,
+        oracle: str = "static",
+        explore: float = 0.9,
+        eval_batch: int = 512,
+        scheduler: Scheduler = "agenda",
+    ) -> None:
+        if oracle not in ("static", "dynamic"):
+            raise ValueError(f"expected oracle 'static' or 'dynamic', found {oracle!r}")
+        self.splits = splits
+        self.projective = [s for s in splits.train if s.is_projective]
+        self.skipped_nonprojective = len(splits.train) - len(self.projective)
+        """How many training sentences were left out for crossing arcs."""
+        if not self.projective:
+            raise ValueError(
+                f"expected at least one projective training sentence, found none among "
+                f"{len(splits.train)}"
+            )
+        self.vocabs = build_vocabs(self.projective)
+        self.word_counts = word_counts(self.projective, self.vocabs)
+        self.sizes = {
+            "word_dim": word_dim,
+            "pos_dim": pos_dim,
+            "hidden": hidden,
+            "layers": layers,
+            "mlp_hidden": mlp_hidden,
+        }
+        self.word_dropout = word_dropout
+        self.oracle = oracle
+        self.explore = explore
+        self.eval_batch = eval_batch
+        self.scheduler: Scheduler = scheduler
+
+    def train_items(self) -> Sequence[Sentence]:
+        """The projective training sentences.
+
+        Returns:
+            The training sentences without the :attr:`skipped_nonprojective` ones.
+        """
+        return self.projective
+
+    def build_model(self) -> nn.Module:
+        """A freshly initialised :class:`~batchfold.models.parser.ArcHybridParser`.
+
+        Returns:
+            The model.
+        """
+        return ArcHybridParser(
+            self.vocabs,
+            **self.sizes,
+            word_counts=self.word_counts,
+            word_dropout=self.word_dropout,
+        )
+
+    def param_groups(self, model: nn.Module, lr: float) -> list[dict[str, Any]]:
+        """One group with every parameter at ``lr``.
+
+        Arguments:
+            model: the model.
+            lr: the learning rate.
+
+        Returns:
+            The optimizer's parameter groups.
+        """
+        return [{"params": list(model.parameters()), "lr": lr}]
+
+    def loss(self, model: nn.Module, batch: Sequence[Any]) -> tuple[Tensor, int]:
+        """The summed cross-entropy of every transition of a batch, computed with ``batch_map``.
+
+        Arguments:
+            model: the parser.
+            batch: projective training sentences.
+
+        Returns:
+            ``(loss, number of transitions)``.
+        """
+        parser: ArcHybridParser = expect_model(model, ArcHybridParser)
+        if self.oracle == "dynamic":
+            explore = partial(exploring_loss, parser, explore=self.explore)
+            explored = bf.batch_map(explore, batch, scheduler=self.scheduler)
+            return torch.stack([loss for loss, _ in explored]).sum(), sum(n for _, n in explored)
+        losses = bf.batch_map(partial(sentence_loss, parser), batch, scheduler=self.scheduler)
+        return torch.stack(losses).sum(), sum(2 * len(s) for s in batch)
+
+    def eager_loss(self, model: nn.Module, batch: Sequence[Any]) -> tuple[Tensor, int]:
+        """:meth:`loss` computed one sentence at a time in plain PyTorch (the same code).
+
+        Arguments:
+            model: the parser.
+            batch: projective training sentences.
+
+        Returns:
+            ``(loss, number of transitions)``.
+        """
+        parser: ArcHybridParser = expect_model(model, ArcHybridParser)
+        if self.oracle == "dynamic":
+            explored = [exploring_loss(parser, s, self.explore) for s in batch]
+            return torch.stack([loss for loss, _ in explored]).sum(), sum(n for _, n in explored)
+        losses = [sentence_loss(parser, s) for s in batch]
+        return torch.stack(losses).sum(), sum(2 * len(s) for s in batch)
+
+    def evaluate(self, model: nn.Module, split: str) -> dict[str, float]:
+        """UAS and LAS in percent of greedy parsing over every word (punctuation included).
+
+        Arguments:
+            model: the parser.
+            split: ``"dev"`` or ``"test"``.
+
+        Returns:
+            ``{f"{split}_uas": uas, f"{split}_las": las}``.
+        """
+        parser: ArcHybridParser = expect_model(model, ArcHybridParser)
+        sentences = self.splits.split(split)
+        was_training = parser.training
+        parser.eval()
+        try:
+            parsed = batched_predictions(
+                partial(parse, parser), sentences, self.eval_batch, self.scheduler
+            )
+        finally:
+            parser.train(was_training)
+        uas, las = attachment_scores(
+            [heads for heads, _ in parsed], [labels for _, labels in parsed], sentences
+        )
+        return {f"{split}_uas": 100.0 * uas, f"{split}_las": 100.0 * las}
+
+
+def make_task(args: argparse.Namespace) -> ParserTask:
+    """The parser job configured by the options of :func:`add_arguments`.
+
+    Arguments:
+        args: the parsed command line.
+
+    Returns:
+        The task.
+    """
+    task = ParserTask(
+        load_splits(args),
+        word_dim=args.word_dim,
+        pos_dim=args.pos_dim,
+        hidden=args.hidden,
+        layers=args.layers,
+        mlp_hidden=args.mlp_hidden,
+        word_dropout=args.word_dropout,
+        oracle=args.oracle,
+        explore=args.explore,
+        eval_batch=args.eval_batch_size,
+        scheduler=getattr(args, "scheduler", "agenda"),
+    )
+    print(
+        f"parser: {describe_splits(task.splits)}; skipped {task.skipped_nonprojective} "
+        f"non-projective training sentences, training on {len(task.projective)}; "
+        f"{len(task.vocabs.words)} words, {len(task.vocabs.deprels)} relations"
+    )
+    return task
