@@ -27,3 +27,4 @@ from .schedule import schedule as schedule
 from .stats import Stats as Stats
 
 __version__ = "0.1.0"
+from . import blocks as blocks

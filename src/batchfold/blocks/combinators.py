@@ -1,0 +1,358 @@
+"""Blocks that route values between other blocks: ``Pipe``, ``Record``, ``AllOf``, ``OneOf``,
+``Optional``, plus ``Void`` and ``Metric``.
+
+None of them records graph nodes itself (a ``Metric`` only notes the value ids sent to it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from .base import Block, Specializer, Tape, Walker, convert_to_block
+from .tensors import Zeros
+from .types import (
+    BlockTypeError,
+    PyObjectType,
+    TensorType,
+    TupleType,
+    Type,
+    VoidType,
+    canonical,
+    short,
+)
+
+
+class Pipe(Block):
+    """Function composition: ``Pipe(a, b, c)`` computes ``c(b(a(x)))``; ``a >> b`` makes one.
+
+    Example:
+        >>> from batchfold.blocks import Map, Scalar, Sum
+        >>> Pipe(Map(Scalar()), Sum()).eval([1.0, 2.0])
+        tensor(3.)
+    """
+
+    def __init__(self, *blocks: Any) -> None:
+        flat: list[Block] = []
+        for item in blocks:
+            block = convert_to_block(item)
+            flat.extend(block.blocks if isinstance(block, Pipe) else [block])
+        if not flat:
+            raise ValueError("Pipe needs at least one block")
+        self.blocks = tuple(flat)
+        self.in_type = self.blocks[0].in_type
+        self._check()
+
+    def _specialize(self, in_type: Type, ctx: Specializer, path: str) -> Walker:
+        walks = []
+        t = in_type
+        for i, block in enumerate(self.blocks):
+            child = f"{path}[{i}]"
+            try:
+                walker = ctx.child(block, t, child)
+            except BlockTypeError as error:
+                if child in error.entries and not error.source and error.got is not None:
+                    if i > 0:
+                        raise error.with_source(self.blocks[i - 1], f"{path}[{i - 1}]") from None
+                    error.entries.append(path)  # the pipe's own input was refused
+                raise
+            walks.append(walker.walk)
+            t = walker.out_type
+        if len(walks) == 1:
+            return Walker(t, walks[0])
+        if len(walks) == 2:
+            first, second = walks
+            return Walker(t, lambda tape, x: second(tape, first(tape, x)))
+
+        def walk(tape: Tape, x: Any) -> Any:
+            for step in walks:
+                x = step(tape, x)
+            return x
+
+        return Walker(t, walk)
+
+    def __repr__(self) -> str:
+        return f"Pipe({', '.join(map(repr, self.blocks))})"
+
+
+class Record(Block):
+    """Applies one child block per field of a dict, list or tuple; returns a tuple.
+
+    A dict's fields are read as ``x[key]`` in the dict's order (insertion order, where
+    TensorFlow Fold sorted the keys); a list or tuple's as ``x[i]``, and its input may also be
+    a tuple type. Python dicts, lists and tuples of blocks convert to a ``Record``.
+
+    Example:
+        >>> from batchfold.blocks import Identity, Scalar
+        >>> Record({"a": Scalar(), "b": Identity()}).eval({"a": 2.0, "b": "text"})
+        (tensor(2.), 'text')
+    """
+
+    def __init__(self, children: Mapping[Any, Any] | Sequence[Any]) -> None:
+        self.is_dict = isinstance(children, Mapping)
+        if isinstance(children, Mapping):
+            self.keys: list[Any] = list(children)
+            self.children = [convert_to_block(children[k]) for k in self.keys]
+        else:
+            self.keys = list(range(len(children)))
+            self.children = [convert_to_block(c) for c in children]
+        wanted = [c.in_type for c in self.children]
+        if self.is_dict:
+            self.in_type = PyObjectType()
+        elif all(t is not None for t in wanted):
+            self.in_type = canonical(TupleType(*[t for t in wanted if t is not None]))
+        self._check()
+
+    def _specialize(self, in_type: Type, ctx: Specializer, path: str) -> Walker:
+        n = len(self.children)
+        if isinstance(in_type, TupleType) and not self.is_dict and len(in_type.items) == n:
+            item_types = list(in_type.items)
+        elif isinstance(in_type, PyObjectType):
+            item_types = [in_type] * n
+        else:
+            shape = "a Python dict" if self.is_dict else f"a Python object or a tuple of {n}"
+            raise BlockTypeError(self, path, shape, in_type)
+        pairs = []
+        outs = []
+        for key, child, t in zip(self.keys, self.children, item_types, strict=True):
+            walker = ctx.child(child, t, f"{path}[{key!r}]")
+            pairs.append((walker.walk, key))
+            outs.append(walker.out_type)
+        block, check_len = self, isinstance(in_type, PyObjectType) and not self.is_dict
+
+        def walk(tape: Tape, x: Any) -> tuple[Any, ...]:
+            if check_len and len(x) != n:
+                raise tape.fail(block, path, f"expected {n} fields, got {len(x)}")
+            result = []
+            for step, key in pairs:
+                try:
+                    item = x[key]
+                except (KeyError, IndexError, TypeError) as error:
+                    raise tape.fail(block, path, f"cannot read field {key!r}: {error!r}") from None
+                result.append(step(tape, item))
+            return tuple(result)
+
+        return Walker(canonical(TupleType(*outs)), walk)
+
+    def __repr__(self) -> str:
+        if self.is_dict:
+            inner = ", ".join(
+                f"{k!r}: {c!r}" for k, c in zip(self.keys, self.children, strict=True)
+            )
+            return f"Record({{{inner}}})"
+        trail = "," if len(self.children) == 1 else ""
+        return f"Record(({', '.join(map(repr, self.children))}{trail}))"
+
+
+class AllOf(Block):
+    """Fan-out: every child block gets the same input; returns the tuple of their outputs.
+
+    Example:
+        >>> from batchfold.blocks import Identity, Scalar
+        >>> AllOf(Scalar(), Identity()).eval(3)
+        (tensor(3.), 3)
+    """
+
+    def __init__(self, *blocks: Any) -> None:
+        self.blocks = tuple(convert_to_block(b) for b in blocks)
+        fixed = [b.in_type for b in self.blocks if b.in_type is not None]
+        self.in_type = fixed[0] if fixed else None
+        self._check()
+
+    def _specialize(self, in_type: Type, ctx: Specializer, path: str) -> Walker:
+        walkers = [ctx.child(b, in_type, f"{path}[{i}]") for i, b in enumerate(self.blocks)]
+        if not walkers:
+            return Walker(VoidType(), lambda tape, x: None)
+        walks = [w.walk for w in walkers]
+
+        def walk(tape: Tape, x: Any) -> tuple[Any, ...]:
+            return tuple([step(tape, x) for step in walks])
+
+        return Walker(canonical(TupleType(*[w.out_type for w in walkers])), walk)
+
+    def __repr__(self) -> str:
+        return f"AllOf({', '.join(map(repr, self.blocks))})"
+
+
+class Void(Block):
+    """Accepts any input and gives nothing (``VoidType``).
+
+    Example:
+        >>> print(Void().output_type(PyObjectType()))
+        VoidType()
+    """
+
+    def _specialize(self, in_type: Type, ctx: Specializer, path: str) -> Walker:
+        return Walker(VoidType(), lambda tape, x: None)
+
+    def __repr__(self) -> str:
+        return "Void()"
+
+
+class OneOf(Block):
+    """Dispatch on a Python key: ``cases[key_fn(x)]`` gets the input (or ``pre_block(x)``).
+
+    Every case takes the same input type and must give the same output type.
+
+    Arguments:
+        key_fn: computes the key from the (raw) input.
+        cases: a dict from keys to blocks, or a list or tuple (keys 0, 1, ...).
+        pre_block: applied to the input before the chosen case.
+
+    Example:
+        >>> import torch
+        >>> from batchfold.blocks import Function, Scalar
+        >>> sign = OneOf(lambda x: x >= 0, {True: Scalar(), False: Scalar() >> Function(torch.neg)})
+        >>> sign.eval(-2.0)
+        tensor(2.)
+    """
+
+    def __init__(
+        self,
+        key_fn: Callable[[Any], Any],
+        cases: Mapping[Any, Any] | Sequence[Any],
+        pre_block: Any = None,
+    ) -> None:
+        self.key_fn = key_fn
+        items = list(cases.items()) if isinstance(cases, Mapping) else list(enumerate(cases))
+        if not items:
+            raise ValueError("OneOf needs at least one case")
+        self.cases = {key: convert_to_block(block) for key, block in items}
+        self.pre_block = convert_to_block(pre_block) if pre_block is not None else None
+        if self.pre_block is not None:
+            self.in_type = self.pre_block.in_type
+        else:
+            fixed = [c.in_type for c in self.cases.values() if c.in_type is not None]
+            self.in_type = fixed[0] if fixed else None
+        self._check()
+
+    def _specialize(self, in_type: Type, ctx: Specializer, path: str) -> Walker:
+        pre, t = None, in_type
+        if self.pre_block is not None:
+            walker = ctx.child(self.pre_block, in_type, f"{path}.pre_block")
+            pre, t = walker.walk, walker.out_type
+        table: dict[Any, Callable[[Tape, Any], Any]] = {}
+        first: tuple[Any, Type, str] | None = None
+        for key, case in self.cases.items():
+            where = f"{path}.cases[{key!r}]"
+            walker = ctx.child(case, t, where)
+            if first is None:
+                first = (key, walker.out_type, where)
+            elif walker.out_type != first[1]:
+                raise BlockTypeError(
+                    case,
+                    where,
+                    f"to give {first[1]!r} like case {first[0]!r} at {first[2]}",
+                    walker.out_type,
+                    verb="is",
+                    hint="Every case of a OneOf must give the same type.",
+                )
+            table[key] = walker.walk
+        assert first is not None
+        key_fn, block = self.key_fn, self
+
+        def walk(tape: Tape, x: Any) -> Any:
+            key = key_fn(x)
+            case = table.get(key)
+            if case is None:
+                keys = ", ".join(map(repr, table))
+                raise tape.fail(block, path, f"key {key!r} has no case (cases: {keys})")
+            return case(tape, x if pre is None else pre(tape, x))
+
+        return Walker(first[1], walk)
+
+    def __repr__(self) -> str:
+        name = getattr(self.key_fn, "__qualname__", None) or short(self.key_fn, 30)
+        pre = f", pre_block={self.pre_block!r}" if self.pre_block is not None else ""
+        cases = ", ".join(f"{k!r}: {c!r}" for k, c in self.cases.items())
+        return f"OneOf({name}, {{{cases}}}{pre})"
+
+
+class Optional(Block):
+    """``some_case(x)``, or ``none_case()`` (default: zeros of the same type) when ``x`` is None.
+
+    Example:
+        >>> from batchfold.blocks import Scalar
+        >>> Optional(Scalar()).eval(None)
+        tensor(0.)
+    """
+
+    def __init__(self, some_case: Any, none_case: Any = None) -> None:
+        self.some_case = convert_to_block(some_case)
+        self.none_case = convert_to_block(none_case) if none_case is not None else None
+        self.in_type = self.some_case.in_type
+        self._check()
+
+    def _specialize(self, in_type: Type, ctx: Specializer, path: str) -> Walker:
+        some = ctx.child(self.some_case, in_type, f"{path}.some_case")
+        none_block = self.none_case if self.none_case is not None else Zeros(some.out_type)
+        none = ctx.child(none_block, VoidType(), f"{path}.none_case")
+        if none.out_type != some.out_type:
+            raise BlockTypeError(
+                none_block,
+                f"{path}.none_case",
+                f"to give {some.out_type!r} like some_case",
+                none.out_type,
+                verb="is",
+            )
+        some_walk, none_walk = some.walk, none.walk
+        return Walker(
+            some.out_type,
+            lambda tape, x: none_walk(tape, None) if x is None else some_walk(tape, x),
+        )
+
+    def __repr__(self) -> str:
+        none = f", {self.none_case!r}" if self.none_case is not None else ""
+        return f"Optional({self.some_case!r}{none})"
+
+
+class Metric(Block):
+    """Sends a tensor (or a ``(tensor, label)`` pair) to the named metric; gives nothing.
+
+    Values sent from anywhere in the model, recursion included, come back stacked into one
+    tensor per metric (``model(inputs)[1][name]``); labels, any Python objects, come back
+    in the plan (``plan.labels[name]``).
+
+    Example:
+        >>> from batchfold.blocks import Map, Scalar
+        >>> Map(Scalar() >> Metric("x")).eval([1.0, 2.0])
+        ([None, None], {'x': tensor([1., 2.])})
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def _specialize(self, in_type: Type, ctx: Specializer, path: str) -> Walker:
+        labeled = (
+            isinstance(in_type, TupleType)
+            and len(in_type.items) == 2
+            and isinstance(in_type.items[0], TensorType)
+            and isinstance(in_type.items[1], PyObjectType)
+        )
+        value_type = in_type.items[0] if labeled else in_type  # type: ignore[union-attr]
+        if not isinstance(value_type, TensorType):
+            raise BlockTypeError(self, path, "a tensor or a (tensor, Python label) tuple", in_type)
+        ctx.metric(self.name, value_type, self, path)
+        name = self.name
+
+        def walk(tape: Tape, x: Any) -> None:
+            value, label = x if labeled else (x, None)
+            tape.metrics[name].append(value)
+            tape.labels[name].append(label)
+            tape.metric_instances[name].append(tape.instance)
+
+        return Walker(VoidType(), walk)
+
+    def __repr__(self) -> str:
+        return f"Metric({self.name!r})"
+
+
+__all__ = [
+    "AllOf",
+    "Metric",
+    "OneOf",
+    "Optional",
+    "Pipe",
+    "Record",
+    "Void",
+]

@@ -1,0 +1,441 @@
+"""The compiler: a root block -> an ``nn.Module`` that records, schedules and runs batches.
+
+``compile(root)`` specialises the root block to its input type once. ``model.schedule(inputs)``
+walks each Python input once, adding nodes to a fresh :class:`~batchfold.graph.Graph`, and
+schedules them into a picklable :class:`~batchfold.blocks.plan.BlockPlan`, so DataLoader
+workers can build plans. ``model.run(plan)`` binds the plan's ops to this model's modules and
+runs it with the engine's executor; ``model(inputs)`` does both.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from .. import lazy
+from ..execute import Store
+from ..graph import Graph, Signature, TensorMeta
+from ..lazy import Lazy, Recorder
+from ..schedule import Plan, Scheduler, Step, schedule
+from ..stats import Stats
+from .base import Block, Identity, OpSpec, Specializer, Tape, convert_to_block, deep_recursion
+from .combinators import Record, Void
+from .plan import (
+    BlockPlan,
+    OutputLeaf,
+    PlanStep,
+    SequenceLayout,
+    assemble_outputs,
+    collect_outputs,
+    gather_rows,
+    map_tensors,
+    output_layout,
+    sequence_batch,
+)
+from .sequences import Map
+from .tensors import Tensor as TensorBlock
+from .types import (
+    BlockInputError,
+    BlockTypeError,
+    PyObjectType,
+    SequenceType,
+    TensorType,
+    TupleType,
+    Type,
+    VoidType,
+)
+
+
+def _reader(t: Type) -> Block:
+    """A block that reads a Python value of type ``t`` (tensors, lazy values or numbers)."""
+    if isinstance(t, TensorType):
+        return TensorBlock(t.shape, t.dtype)
+    if isinstance(t, TupleType):
+        return Record([_reader(item) for item in t.items])
+    if isinstance(t, SequenceType):
+        return Map(_reader(t.elem))
+    if isinstance(t, PyObjectType):
+        return Identity()
+    if isinstance(t, VoidType):
+        return Void()
+    raise ValueError(f"a model's input cannot be of type {t!r}")
+
+
+class InlineRecorder(Recorder):
+    """Records the per-instance code of ``Function(..., per_instance=True)`` into a block graph."""
+
+    def __init__(self, graph: Graph) -> None:
+        super().__init__()
+        self.graph = graph
+
+    def read(self, lazy: Lazy, what: str) -> torch.Tensor:
+        raise BlockInputError(
+            f"{what} of a lazy value inside Function(..., per_instance=True): values are not "
+            "computed while a block model records its inputs. Read values in code run by "
+            "batch_map, or branch on the Python input with OneOf."
+        )
+
+
+_DERIVED = (
+    "_walk",
+    "_specs",
+    "_spec_index",
+    "_metric_types",
+    "_layout",
+    "_leaves",
+    "_layout_error",
+    "_buffer_names",
+)
+
+
+class CompiledModel(nn.Module):
+    """A block compiled to run on batches of Python inputs (see :func:`compile`).
+
+    Calling it on a list of inputs returns ``(outputs, metrics)``: the root block's outputs
+    stacked along dimension 0 (tuples stay tuples; sequences become :class:`SequenceBatch`)
+    and one tensor per metric. Its submodules are the modules its blocks use, each once.
+    """
+
+    def __init__(
+        self,
+        root: Any,
+        scheduler: Scheduler = "agenda",
+        sequences: SequenceLayout = "padded",
+        batch_outputs: bool = True,
+    ) -> None:
+        super().__init__()
+        if scheduler not in ("agenda", "depth"):
+            raise ValueError(f"scheduler must be 'agenda' or 'depth', got {scheduler!r}")
+        if sequences not in ("padded", "concat"):
+            raise ValueError(f"sequences must be 'padded' or 'concat', got {sequences!r}")
+        self.root = convert_to_block(root)
+        self.scheduler: Scheduler = scheduler
+        self.sequences: SequenceLayout = sequences
+        self.batch_outputs = batch_outputs  # False: only evaluate (one input, any output)
+        self.last_stats: Stats | None = None
+        ctx = self._build()
+        modules = list(ctx.modules.values())
+        inner = {id(sub) for m in modules for sub in m.modules() if sub is not m}
+        self.layers = nn.ModuleList([m for m in modules if id(m) not in inner])
+        owned = {id(p) for p in self.layers.parameters()}
+        self.tensors = nn.ParameterList(
+            [t for t in ctx.tensors.values() if isinstance(t, nn.Parameter) and id(t) not in owned]
+        )
+        for tensor in ctx.tensors.values():
+            name = self._buffer_names.get(id(tensor))
+            if name is not None:
+                self.register_buffer(name, tensor)
+
+    def _build(self) -> Specializer:
+        """Specialise the root block; sets everything that is derived from the blocks."""
+        root = self.root
+        in_type = root.in_type if root.in_type is not None else PyObjectType()
+        ctx = Specializer()
+        with torch._C.DisableTorchFunction():
+            walker = ctx.child(root, in_type, "model")
+            if isinstance(in_type, (PyObjectType, VoidType)):
+                self._walk = walker.walk
+            else:
+                read = ctx.child(_reader(in_type), PyObjectType(), "model.input").walk
+                body = walker.walk
+                self._walk = lambda tape, x: body(tape, read(tape, x))
+        self.in_type, self.out_type = in_type, walker.out_type
+        self._specs = ctx.specs
+        self._spec_index = {spec: i for i, spec in enumerate(ctx.specs)}
+        self._metric_types = {name: t for name, (t, _) in ctx.metrics.items()}
+        self._leaves: list[OutputLeaf] = []
+        self._layout: Any = None
+        self._layout_error: BlockTypeError | None = None
+        try:
+            self._layout = output_layout(root, walker.out_type, self._leaves)
+        except BlockTypeError as error:
+            if self.batch_outputs:
+                raise
+            self._layout_error = error
+        self._buffer_names = {
+            id(t): f"constant{i}"
+            for i, t in enumerate(ctx.tensors.values())
+            if not isinstance(t, nn.Parameter)
+        }
+        return ctx
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for key in _DERIVED:
+            state.pop(key, None)
+        state["last_stats"] = None  # holds closures of the ops; rebuilt by the next run
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._build()
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model's parameters (or buffers) live; CPU when it has none."""
+        for tensor in self.parameters():
+            return tensor.device
+        for tensor in self.buffers():
+            return tensor.device
+        return torch.device("cpu")
+
+    def tensor_for(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The model's current copy of a ``FromTensor`` tensor (buffers move with ``.to``)."""
+        name = self._buffer_names.get(id(tensor))
+        return getattr(self, name) if name is not None else tensor
+
+    def _tape(self, graph: Graph, recorder: Recorder | None = None) -> Tape:
+        return Tape(graph, self.device, self, list(self._metric_types), recorder)
+
+    def _record(self, tape: Tape, inputs: list[Any]) -> list[Any]:
+        """Walk every input once, adding its nodes to the tape's graph."""
+        walk, outs = self._walk, []
+        collecting = gc.isenabled()
+        gc.disable()  # recording makes many small acyclic objects; collections only cost time
+        try:
+            with deep_recursion():
+                for index, x in enumerate(inputs):
+                    tape.instance = index
+                    try:
+                        outs.append(walk(tape, x))
+                    except Exception as error:
+                        add_note = getattr(error, "add_note", None)  # Python 3.11+
+                        if add_note is not None and not isinstance(error, BlockInputError):
+                            add_note(f"(raised while recording input {index} of the batch)")
+                        raise
+        finally:
+            if collecting:
+                gc.enable()
+        return outs
+
+    def schedule(self, inputs: Iterable[Any]) -> BlockPlan:
+        """Record and schedule a batch; the plan is picklable and runs with :meth:`run`.
+
+        Arguments:
+            inputs: the Python inputs of the batch.
+
+        Returns:
+            The plan.
+
+        Example:
+            >>> import pickle
+            >>> from batchfold.blocks import Map, Scalar, Sum, compile
+            >>> model = compile(Map(Scalar()) >> Sum())
+            >>> plan = pickle.loads(pickle.dumps(model.schedule([[1.0, 2.0], [3.0]])))
+            >>> model.run(plan)[0]
+            tensor([3., 3.])
+        """
+        if self._layout_error is not None:
+            raise self._layout_error
+        start = time.perf_counter()
+        inputs = list(inputs)
+        graph = Graph()
+        tape = self._tape(graph)
+        outs = self._record(tape, inputs)
+        recorded = time.perf_counter()
+        plan = schedule(graph, self.scheduler)
+        block_plan = self._pack(plan, tape, outs)
+        block_plan.record_s, block_plan.schedule_s = (
+            recorded - start,
+            time.perf_counter() - recorded,
+        )
+        return block_plan
+
+    def _pack(self, plan: Plan, tape: Tape, outs: list[Any]) -> BlockPlan:
+        """The engine plan as a :class:`BlockPlan`: ops by index, payloads, output value ids."""
+        steps = []
+        for step in plan.steps:
+            key = step.sig.key
+            spec = key[1] if type(key) is tuple and key[0] == "block" else None
+            index = self._spec_index.get(spec, -1) if isinstance(spec, OpSpec) else -1
+            if index < 0:  # recorded by per-instance lazy code: keeps its live signature
+                steps.append(PlanStep(-1, step.nodes, step.gathers, None, step))
+                continue
+            assert isinstance(spec, OpSpec)
+            payloads = None
+            if spec.source in ("scalar", "tensor"):
+                payloads = [step.sig.payloads[p] for p in step.positions]
+            steps.append(PlanStep(index, step.nodes, step.gathers, payloads))
+        ids: list[list[int]] = [[] for _ in self._leaves]
+        lengths: list[list[int]] = [[] for _ in self._leaves]
+        for out in outs:
+            collect_outputs(self._layout, out, ids, lengths)
+        return BlockPlan(
+            steps=steps,
+            node_step=plan.node_step,
+            node_row=plan.node_row,
+            outputs=[np.asarray(i, dtype=np.int64) for i in ids],
+            lengths=[
+                np.asarray(n, dtype=np.int64) if leaf.sequence else None
+                for n, leaf in zip(lengths, self._leaves, strict=True)
+            ],
+            metrics={k: np.asarray(v, dtype=np.int64) for k, v in tape.metrics.items()},
+            labels=tape.labels,
+            metric_instances={
+                k: np.asarray(v, dtype=np.int64) for k, v in tape.metric_instances.items()
+            },
+            instances=len(outs),
+        )
+
+    def _engine_plan(self, plan: BlockPlan, device: torch.device) -> Plan:
+        """Bind the plan's ops to this model's modules and tensors on ``device``."""
+        made: dict[int, Signature] = {}
+        steps = []
+        for i, part in enumerate(plan.steps):
+            if part.local is not None:
+                steps.append(part.local)
+                continue
+            spec = self._specs[part.spec]
+            key = ("block", spec)
+            if spec.source is None:
+                sig = made.get(part.spec)
+                if sig is None:
+                    sig = made[part.spec] = spec.signature(part.spec, key, device, None)
+                steps.append(Step(i, sig, part.nodes, part.nodes, part.gathers))
+                continue
+            sig = spec.signature(part.spec, key, device, None)
+            count = len(part.nodes)
+            if spec.constant is not None:
+                sig.payloads = [spec.constant(self, device)] * count
+            else:
+                assert part.payloads is not None
+                sig.payloads = part.payloads
+                if spec.source == "tensor" and part.payloads[0].device != device:
+                    sig.payloads = list(torch.stack(part.payloads).to(device).unbind(0))
+            steps.append(Step(i, sig, part.nodes, np.arange(count), part.gathers))
+        return Plan(steps, 0, plan.node_step, plan.node_row)
+
+    def run(self, plan: BlockPlan) -> tuple[Any, dict[str, torch.Tensor]]:
+        """Run a plan made by :meth:`schedule` (here or in another process).
+
+        Arguments:
+            plan: the plan; its ops are bound to this model's modules on its device.
+
+        Returns:
+            ``(outputs, metrics)``: the root outputs batched along dim 0 and one tensor per
+            metric (``[count, *shape]``, in the order the values were sent).
+        """
+        start = time.perf_counter()
+        device = self.device
+        engine = self._engine_plan(plan, device)
+        store = Store()
+        store.run(engine)
+        tensors: list[Any] = []
+        for leaf, ids, lengths in zip(self._leaves, plan.outputs, plan.lengths, strict=True):
+            flat = gather_rows(store, ids, leaf.type, device)
+            tensors.append(
+                flat if lengths is None else sequence_batch(flat, lengths, self.sequences)
+            )
+        metrics = {
+            name: gather_rows(store, plan.metrics[name], t, device)
+            for name, t in self._metric_types.items()
+        }
+        self.last_stats = Stats(
+            instances=plan.instances,
+            nodes=len(plan.node_step),
+            steps=len(engine.steps),
+            segments=1,
+            fallbacks=dict(store.fallbacks),
+            record_s=plan.record_s,
+            schedule_s=plan.schedule_s,
+            execute_s=time.perf_counter() - start,
+            plan=engine,
+        )
+        return assemble_outputs(self._layout, tensors), metrics
+
+    def forward(self, inputs: Iterable[Any]) -> tuple[Any, dict[str, torch.Tensor]]:
+        """``run(schedule(inputs))``: the batched outputs and the metric tensors."""
+        return self.run(self.schedule(inputs))
+
+    def evaluate(self, x: Any) -> Any:
+        """Run the model on one input; the output keeps its structure, without a batch dim.
+
+        Inside ``batch_map`` the nodes join the running batch and the result holds lazy
+        values (inputs may hold lazy values too). Returns ``(output, metrics)`` when the
+        model has metrics, else the output.
+
+        Example:
+            >>> from batchfold.blocks import Map, Scalar, compile
+            >>> compile(Map(Scalar())).evaluate([1.0, 2.0])
+            [tensor(1.), tensor(2.)]
+        """
+        if lazy._ACTIVE:
+            return self._evaluate_lazy(x, lazy._ACTIVE[-1])
+        device = self.device
+        graph = Graph()
+        tape = self._tape(graph)
+        (out,) = self._record(tape, [x])
+        store = Store()
+        store.run(schedule(graph, "depth"))  # one input: depth-based is as good and cheaper
+        ids: list[int] = []
+        map_tensors(out, self.out_type, lambda v, t: ids.append(v))
+        values = iter(store.values(ids) if ids else [])
+        result = map_tensors(out, self.out_type, lambda v, t: next(values))
+        if not self._metric_types:
+            return result
+        metrics = {
+            name: gather_rows(store, np.asarray(tape.metrics[name], dtype=np.int64), t, device)
+            for name, t in self._metric_types.items()
+        }
+        return result, metrics
+
+    def _evaluate_lazy(self, x: Any, rec: Recorder) -> Any:
+        device = self.device
+        tape = self._tape(rec.graph, rec)
+        tape.instance = rec.instance
+        with deep_recursion():
+            out = self._walk(tape, x)
+
+        def as_lazy(v: int, t: TensorType) -> Lazy:
+            return Lazy(rec, v, TensorMeta.of(t.shape, t.dtype, device))
+
+        result = map_tensors(out, self.out_type, as_lazy)
+        if not self._metric_types:
+            return result
+        metrics = {
+            name: [as_lazy(v, t) for v in tape.metrics[name]]
+            for name, t in self._metric_types.items()
+        }
+        return result, metrics
+
+    def extra_repr(self) -> str:
+        return f"root={self.root!r}"
+
+
+def compile(
+    root: Any, *, scheduler: Scheduler = "agenda", sequences: SequenceLayout = "padded"
+) -> CompiledModel:
+    """Compile a block into a model that runs batches of Python inputs.
+
+    Arguments:
+        root: the block (or anything that converts to one).
+        scheduler: ``"agenda"`` (DyNet's) or ``"depth"`` (TensorFlow Fold's); same values.
+        sequences: how sequence outputs come back: ``"padded"`` or ``"concat"``.
+
+    Returns:
+        The :class:`CompiledModel`.
+
+    Raises:
+        BlockTypeError: a block cannot take the type it is given, a forward declaration was
+            never resolved, or the root's output cannot be batched.
+
+    Example:
+        >>> from batchfold.blocks import Map, Scalar, Sum
+        >>> model = compile(Map(Scalar()) >> Sum())
+        >>> outputs, metrics = model([[1.0, 2.0], [], [4.0]])
+        >>> outputs
+        tensor([3., 0., 4.])
+    """
+    return CompiledModel(root, scheduler=scheduler, sequences=sequences)
+
+
+__all__ = [
+    "CompiledModel",
+    "compile",
+]

@@ -1,0 +1,230 @@
+"""Block plans: a scheduled batch as picklable data, and how its outputs are gathered.
+
+``CompiledModel.schedule`` packs the engine's plan into a :class:`BlockPlan` whose steps name
+ops by index (no modules, no parameters), so a DataLoader worker can build it. After a run,
+the root outputs and metrics are gathered with one slice or gather per step output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple
+
+import numpy as np
+import torch
+
+from ..execute import Store
+from ..graph import OUT_BITS, OUT_MASK
+from ..schedule import Gather, Step
+from .base import Block
+from .sequences import Repeat
+from .types import (
+    BlockTypeError,
+    BroadcastSequenceType,
+    SequenceType,
+    TensorType,
+    TupleType,
+    Type,
+    VoidType,
+)
+
+SequenceLayout = Literal["padded", "concat"]
+
+
+class SequenceBatch(NamedTuple):
+    """A batch of sequences of tensors as two tensors.
+
+    ``values`` is ``[batch, max_len, *shape]`` zero-padded, or ``[total, *shape]`` with the
+    sequences one after another (``compile(..., sequences="concat")``); ``lengths`` is
+    ``[batch]`` (int64).
+    """
+
+    values: torch.Tensor
+    lengths: torch.Tensor
+
+
+class PlanStep(NamedTuple):
+    """One step of a :class:`BlockPlan`: an op of the model (by index) over ``nodes``.
+
+    ``local`` holds the engine step itself for nodes that per-instance lazy code recorded
+    (``Function(..., per_instance=True)``); such plans run only where they were made.
+    """
+
+    spec: int
+    nodes: np.ndarray
+    gathers: tuple[Gather, ...]
+    payloads: list[Any] | None
+    local: Step | None = None
+
+
+@dataclass
+class BlockPlan:
+    """A scheduled batch: what ``CompiledModel.run`` needs, free of modules and parameters.
+
+    Attributes:
+        steps: the batched steps, in order.
+        node_step, node_row: where each node's value lands (step, row).
+        outputs: per output leaf, the value ids of every instance (sequences flattened).
+        lengths: per output leaf, each instance's sequence length (``None`` for tensors).
+        metrics: per metric, the value ids sent to it, in order.
+        labels: per metric, the label sent with each value (``None`` when none was).
+        metric_instances: per metric, the input index each value came from.
+        instances: the number of inputs.
+        record_s, schedule_s: seconds spent walking the inputs and scheduling.
+    """
+
+    steps: list[PlanStep]
+    node_step: np.ndarray
+    node_row: np.ndarray
+    outputs: list[np.ndarray]
+    lengths: list[np.ndarray | None]
+    metrics: dict[str, np.ndarray]
+    labels: dict[str, list[Any]]
+    metric_instances: dict[str, np.ndarray]
+    instances: int
+    record_s: float = 0.0
+    schedule_s: float = 0.0
+
+    def __getstate__(self) -> dict[str, Any]:
+        if any(step.local is not None for step in self.steps):
+            raise TypeError(
+                "this plan holds nodes recorded by Function(..., per_instance=True) code, which "
+                "refer to live modules; it runs only in the process that scheduled it"
+            )
+        return self.__dict__.copy()
+
+    def __str__(self) -> str:
+        return (
+            f"BlockPlan: {self.instances} inputs, {len(self.node_step)} nodes "
+            f"in {len(self.steps)} steps"
+        )
+
+
+class OutputLeaf:
+    """One tensor (or sequence of tensors) of the model's output, stacked over the batch."""
+
+    __slots__ = ("index", "type", "sequence")
+
+    def __init__(self, index: int, t: TensorType, sequence: bool) -> None:
+        self.index, self.type, self.sequence = index, t, sequence
+
+
+def _void_like(t: Type) -> bool:
+    """Whether values of ``t`` hold nothing (void, sequences or tuples of void)."""
+    if isinstance(t, TupleType):
+        return all(_void_like(item) for item in t.items)
+    if isinstance(t, SequenceType):
+        return _void_like(t.elem)
+    return isinstance(t, VoidType)
+
+
+def output_layout(root: Block, t: Type, leaves: list[OutputLeaf]) -> Any:
+    """The output structure: ``OutputLeaf`` per tensor or sequence of tensors, tuples, ``None``."""
+    if _void_like(t):
+        return None
+    if isinstance(t, TensorType):
+        leaves.append(OutputLeaf(len(leaves), t, False))
+        return leaves[-1]
+    if isinstance(t, SequenceType) and isinstance(t.elem, TensorType):
+        leaves.append(OutputLeaf(len(leaves), t.elem, True))
+        return leaves[-1]
+    if isinstance(t, TupleType):
+        return tuple(output_layout(root, item, leaves) for item in t.items)
+    raise BlockTypeError(
+        root,
+        "model",
+        "tensors, tuples of them or sequences of tensors",
+        t,
+        verb="must give",
+        hint="Send other per-input values to a Metric; block.eval(x) shows any output.",
+    )
+
+
+def collect_outputs(
+    layout: Any, value: Any, ids: list[list[int]], lengths: list[list[int]]
+) -> None:
+    """Append one input's output value ids (and sequence lengths) to the per-leaf lists."""
+    if layout is None:
+        return
+    if type(layout) is OutputLeaf:
+        if layout.sequence:
+            ids[layout.index].extend(value)
+            lengths[layout.index].append(len(value))
+        else:
+            ids[layout.index].append(value)
+        return
+    for item, part in zip(layout, value, strict=True):
+        collect_outputs(item, part, ids, lengths)
+
+
+def assemble_outputs(layout: Any, tensors: list[Any]) -> Any:
+    """The output structure with each leaf's batched tensor (or sequence batch) in place."""
+    if layout is None:
+        return None
+    if type(layout) is OutputLeaf:
+        return tensors[layout.index]
+    return tuple(assemble_outputs(item, tensors) for item in layout)
+
+
+def map_tensors(value: Any, t: Type, fn: Callable[[int, TensorType], Any]) -> Any:
+    """``value`` of type ``t`` with each tensor value id ``v`` replaced by ``fn(v, type)``."""
+    if isinstance(t, TensorType):
+        return fn(value, t)
+    if isinstance(t, TupleType):
+        return tuple(map_tensors(v, item, fn) for v, item in zip(value, t.items, strict=True))
+    if isinstance(t, SequenceType):
+        return [map_tensors(v, t.elem, fn) for v in value]
+    if isinstance(t, BroadcastSequenceType):
+        return Repeat(map_tensors(value.value, t.elem, fn))
+    return value
+
+
+def gather_rows(store: Store, ids: np.ndarray, t: TensorType, device: torch.device) -> torch.Tensor:
+    """The values ``ids`` stacked along dim 0: one slice or gather per step output."""
+    if len(ids) == 0:
+        return torch.zeros((0, *t.shape), dtype=t.dtype, device=device)
+    nodes, outs = ids >> OUT_BITS, ids & OUT_MASK
+    steps, rows = store.node_step[nodes], store.node_row[nodes]
+    source = steps * (OUT_MASK + 1) + outs
+    order = np.argsort(source, kind="stable")
+    cuts = np.flatnonzero(np.diff(source[order])) + 1
+    parts = []
+    for group in np.split(order, cuts):
+        outputs = store.outputs[int(steps[group[0]])]
+        assert outputs is not None
+        tensor, picked = outputs[int(outs[group[0]])], rows[group]
+        if picked[-1] - picked[0] == len(picked) - 1 and np.all(np.diff(picked) == 1):
+            parts.append(tensor[int(picked[0]) : int(picked[-1]) + 1])
+        else:
+            parts.append(tensor.index_select(0, torch.from_numpy(picked).to(tensor.device)))
+    stacked = parts[0] if len(parts) == 1 else torch.cat(parts)
+    if np.all(np.diff(order) == 1):
+        return stacked
+    inverse = np.empty_like(order)
+    inverse[order] = np.arange(len(order))
+    return stacked.index_select(0, torch.from_numpy(inverse).to(stacked.device))
+
+
+def sequence_batch(
+    flat: torch.Tensor, lengths: np.ndarray, layout: SequenceLayout
+) -> SequenceBatch:
+    """Sequences given one after another (``flat``) as a padded or concatenated batch."""
+    counts = torch.from_numpy(lengths)
+    if layout == "concat" or len(lengths) == 0:
+        return SequenceBatch(flat, counts)
+    batch, longest = len(lengths), int(lengths.max())
+    rows = torch.repeat_interleave(torch.arange(batch), counts)
+    starts = torch.repeat_interleave(counts.cumsum(0) - counts, counts)
+    cols = torch.arange(len(flat)) - starts
+    padded = flat.new_zeros((batch, longest, *flat.shape[1:]))
+    index = (rows.to(flat.device), cols.to(flat.device))
+    return SequenceBatch(padded.index_put(index, flat), counts)
+
+
+__all__ = [
+    "BlockPlan",
+    "PlanStep",
+    "SequenceBatch",
+    "SequenceLayout",
+]

@@ -1,0 +1,400 @@
+"""Blocks that make tensors: inputs (``Scalar``, ``Vector``, ``Tensor``, ``OneHot``,
+``OneHotFromList``), constants (``FromTensor``, ``Zeros``) and ``Concat``.
+
+Input blocks record one *source* node per value; the executor builds the batch from the
+Python numbers with one call. Constants are one node per batch, read by every instance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..graph import Signature
+from ..lazy import Lazy
+from ..ops import OpRule
+from .base import Block, OpSpec, Specializer, Tape, Walker, void_or
+from .function import call_walk
+from .types import (
+    BlockTypeError,
+    PyObjectType,
+    SequenceType,
+    TensorType,
+    TupleType,
+    Type,
+    VoidType,
+    flat_tensor_types,
+    is_tensors,
+    short,
+)
+
+_NUMBERS = (int, float, bool)
+
+
+def as_dtype(dtype: torch.dtype | str | None) -> torch.dtype:
+    """A ``torch.dtype`` from a dtype, its name (``"int64"``) or ``None`` (the default dtype)."""
+    if dtype is None:
+        return torch.get_default_dtype()
+    if isinstance(dtype, str):
+        found = getattr(torch, dtype, None)
+        if not isinstance(found, torch.dtype):
+            raise ValueError(f"unknown dtype name {dtype!r}; use e.g. 'float32' or 'int64'")
+        return found
+    return dtype
+
+
+def _fits(x: Any, shape: tuple[int, ...], integral: bool) -> bool:
+    """Whether nested lists ``x`` hold Python numbers in exactly ``shape``."""
+    if not shape:
+        kind = type(x)
+        return kind is int or kind is bool or (kind is float and not integral)
+    if type(x) not in (list, tuple) or len(x) != shape[0]:
+        return False
+    if len(shape) == 1:
+        kinds = (int, bool) if integral else _NUMBERS
+        return all(type(v) in kinds for v in x)
+    return all(_fits(item, shape[1:], integral) for item in x)
+
+
+class _TensorInput(Block):
+    """Converts a Python number, nested list, NumPy array or tensor to a tensor of one type."""
+
+    def __init__(self, shape: Sequence[int], dtype: torch.dtype | str | None) -> None:
+        self.type = TensorType(tuple(shape), as_dtype(dtype))
+        self.in_type = PyObjectType()
+
+    def _specialize(self, in_type: Type, ctx: Specializer, path: str) -> Walker:
+        if not isinstance(in_type, PyObjectType):
+            raise BlockTypeError(
+                self, path, "a Python object (number, list, array, tensor)", in_type
+            )
+        t = self.type
+        scalar = ctx.spec(OpSpec(f"input{list(t.shape)}", path, (), (t,), source="scalar"))
+        stack = ctx.spec(OpSpec(f"input{list(t.shape)}", path, (), (t,), source="tensor"))
+        integral = not (t.dtype.is_floating_point or t.dtype.is_complex)
+        shape, block = t.shape, self
+
+        def walk(tape: Tape, x: Any) -> int:
+            if _fits(x, shape, integral):
+                return tape.source(scalar, x)
+            kind = type(x)
+            if kind is Lazy:
+                return _lazy_vid(tape, block, path, x, t)
+            if isinstance(x, torch.Tensor):
+                if tuple(x.shape) != shape:
+                    raise tape.fail(block, path, f"got a tensor of shape {tuple(x.shape)}")
+                x = x.to(t.dtype) if x.dtype != t.dtype else x
+                if tape.lazy and x.device != tape.device:
+                    x = x.to(tape.device)
+                return tape.source(stack, x)
+            if isinstance(x, (np.ndarray, np.generic)) and _fits(x.tolist(), shape, integral):
+                return tape.source(scalar, x.tolist())
+            want = "integers" if integral else "numbers"
+            raise tape.fail(block, path, f"expected {want} of shape {shape}, got {short(x, 60)}")
+
+        return Walker(t, walk)
+
+
+def _lazy_vid(tape: Tape, block: Block, path: str, x: Lazy, t: TensorType) -> int:
+    """The value id of a lazy value from the running ``batch_map``, checked against ``t``."""
+    rec = x._rec
+    if rec.graph is not tape.graph:
+        raise tape.fail(block, path, "got a lazy value of another batch_map call")
+    meta = x._meta
+    if meta.shape != t.shape or meta.dtype != t.dtype:
+        raise tape.fail(block, path, f"got a lazy {meta}, expected {t!r}")
+    return x._vid
+
+
+class Tensor(_TensorInput):
+    """A Python value (number, nested list, array or tensor) as a tensor of one shape and dtype.
+
+    Arguments:
+        shape: the per-instance shape.
+        dtype: a ``torch.dtype`` or its name; the default dtype when left out.
+
+    Example:
+        >>> Tensor([2, 2], "int64").eval([[1, 2], [3, 4]])
+        tensor([[1, 2],
+                [3, 4]])
+    """
+
+    def __init__(self, shape: Sequence[int], dtype: torch.dtype | str | None = None) -> None:
+        super().__init__(shape, dtype)
+
+    def __repr__(self) -> str:
+        return f"Tensor({list(self.type.shape)}, {self.type.dtype})"
+
+
+class Scalar(_TensorInput):
+    """A Python number as a 0-d tensor.
+
+    Example:
+        >>> Scalar("int64").eval(7)
+        tensor(7)
+    """
+
+    def __init__(self, dtype: torch.dtype | str | None = None) -> None:
+        super().__init__((), dtype)
+
+    def __repr__(self) -> str:
+        return f"Scalar({self.type.dtype})"
+
+
+class Vector(_TensorInput):
+    """A list of ``size`` numbers as a 1-d tensor.
+
+    Example:
+        >>> Vector(3).eval([1.0, 2.0, 3.0])
+        tensor([1., 2., 3.])
+    """
+
+    def __init__(self, size: int, dtype: torch.dtype | str | None = None) -> None:
+        super().__init__((size,), dtype)
+
+    def __repr__(self) -> str:
+        return f"Vector({self.type.shape[0]}, {self.type.dtype})"
+
+
+class OneHot(Block):
+    """A Python int in ``[start, stop)`` as a one-hot vector of length ``stop - start``.
+
+    Each distinct value is one constant row per batch, shared by every instance.
+
+    Arguments:
+        start: the first value (or, with ``stop`` left out, the number of values from 0).
+        stop: one past the last value.
+        dtype: the vector's dtype (default dtype when left out).
+
+    Example:
+        >>> OneHot(2, 5).eval(3)
+        tensor([0., 1., 0.])
+    """
+
+    def __init__(
+        self, start: int, stop: int | None = None, dtype: torch.dtype | str | None = None
+    ) -> None:
+        if stop is None:
+            start, stop = 0, start
+        if stop <= start:
+            raise ValueError(f"OneHot needs start < stop, got {start}, {stop}")
+        self.start, self.stop, self.dtype = start, stop, as_dtype(dtype)
+        self.in_type = PyObjectType()
+
+    def _specialize(self, in_type: Type, ctx: Specializer, path: str) -> Walker:
+        if not isinstance(in_type, PyObjectType):
+            raise BlockTypeError(self, path, "a Python int", in_type)
+        start, stop, block = self.start, self.stop, self
+        t = TensorType((stop - start,), self.dtype)
+        spec = ctx.spec(OpSpec(f"one_hot{stop - start}", path, (), (t,), source="scalar"))
+
+        def walk(tape: Tape, x: Any) -> int:
+            if type(x) is not int or not start <= x < stop:
+                raise tape.fail(block, path, f"expected an int in [{start}, {stop}), got {x!r}")
+            return tape.shared_source(spec, x, lambda: _one_hot_row(x - start, stop - start))
+
+        return Walker(t, walk)
+
+    def __repr__(self) -> str:
+        return f"OneHot({self.start}, {self.stop}, {self.dtype})"
+
+
+def _one_hot_row(index: int, size: int) -> list[int]:
+    row = [0] * size
+    if index >= 0:
+        row[index] = 1
+    return row
+
+
+class OneHotFromList(Block):
+    """One-hot over a list of values: ``elements[i]`` becomes unit vector ``i``.
+
+    Arguments:
+        elements: the values, each hashable and listed once.
+        dtype: the vector's dtype.
+        strict: whether an unknown value is an error; otherwise it gives a zero vector.
+
+    Example:
+        >>> OneHotFromList(["a", "b", "c"], strict=False).eval("z")
+        tensor([0., 0., 0.])
+    """
+
+    def __init__(
+        self, elements: Sequence[Any], dtype: torch.dtype | str | None = None, strict: bool = True
+    ) -> None:
+        self.elements = list(elements)
+        self.index = {e: i for i, e in enumerate(self.elements)}
+        if len(self.index) != len(self.elements):
+            raise ValueError("OneHotFromList elements must be distinct")
+        self.dtype, self.strict = as_dtype(dtype), strict
+        self.in_type = PyObjectType()
+
+    def _specialize(self, in_type: Type, ctx: Specializer, path: str) -> Walker:
+        if not isinstance(in_type, PyObjectType):
+            raise BlockTypeError(self, path, "a Python object", in_type)
+        index, strict, size, block = self.index, self.strict, len(self.elements), self
+        t = TensorType((size,), self.dtype)
+        spec = ctx.spec(OpSpec(f"one_hot{size}", path, (), (t,), source="scalar"))
+
+        def walk(tape: Tape, x: Any) -> int:
+            i = index.get(x, -1)
+            if i < 0 and strict:
+                raise tape.fail(block, path, f"{x!r} is not one of the elements")
+            return tape.shared_source(spec, i, lambda: _one_hot_row(i, size))
+
+        return Walker(t, walk)
+
+    def __repr__(self) -> str:
+        return f"OneHotFromList({self.elements!r}, {self.dtype}, strict={self.strict})"
+
+
+class FromTensor(Block):
+    """A fixed tensor or parameter as a block output; its input is ignored (void).
+
+    Gradients reach the tensor when it requires them. The compiled model registers it (as a
+    parameter when it is an ``nn.Parameter``, else as a buffer), so ``.to(device)`` moves it.
+
+    Example:
+        >>> FromTensor(torch.ones(2)).eval(None)
+        tensor([1., 1.])
+    """
+
+    def __init__(self, tensor: torch.Tensor | np.ndarray) -> None:
+        if isinstance(tensor, np.ndarray):
+            tensor = torch.from_numpy(tensor)
+        self.tensor = tensor
+        self.in_type = VoidType()
+
+    def _specialize(self, in_type: Type, ctx: Specializer, path: str) -> Walker:
+        if not void_or(in_type):
+            raise BlockTypeError(self, path, "no input (VoidType or a Python object)", in_type)
+        tensor = self.tensor
+        ctx.tensor(tensor)
+        t = TensorType(tuple(tensor.shape), tensor.dtype)
+
+        def current(model: Any, device: torch.device) -> torch.Tensor:
+            return model.tensor_for(tensor) if model is not None else tensor
+
+        spec = ctx.spec(OpSpec("tensor", path, (), (t,), source="constant", constant=current))
+        return Walker(t, lambda tape, x: tape.constant(spec))
+
+    def __repr__(self) -> str:
+        return f"FromTensor({short(self.tensor, 50)})"
+
+
+class Zeros(Block):
+    """Zeros of a type, from no input: a zero tensor, a tuple of them, or an empty sequence.
+
+    Example:
+        >>> Zeros(TensorType((2,), torch.float32)).eval(None)
+        tensor([0., 0.])
+    """
+
+    def __init__(self, out_type: Type) -> None:
+        if not _zeroable(out_type):
+            raise ValueError(f"Zeros cannot make a value of {out_type!r}")
+        self.out_type = out_type
+        self.in_type = VoidType()
+
+    def _specialize(self, in_type: Type, ctx: Specializer, path: str) -> Walker:
+        if not void_or(in_type):
+            raise BlockTypeError(self, path, "no input (VoidType or a Python object)", in_type)
+        return Walker(self.out_type, _zeros_walk(self.out_type, ctx, path))
+
+    def __repr__(self) -> str:
+        return f"Zeros({self.out_type!r})"
+
+
+def _zeroable(t: Type) -> bool:
+    if isinstance(t, TupleType):
+        return all(_zeroable(i) for i in t.items)
+    return isinstance(t, (TensorType, SequenceType, VoidType))
+
+
+def _zeros_walk(t: Type, ctx: Specializer, path: str) -> Callable[[Tape, Any], Any]:
+    if isinstance(t, TensorType):
+        shape, dtype = t.shape, t.dtype
+
+        def zeros(model: Any, device: torch.device) -> torch.Tensor:
+            return torch.zeros(shape, dtype=dtype, device=device)
+
+        spec = ctx.spec(OpSpec("zeros", path, (), (t,), source="constant", constant=zeros))
+        return lambda tape, x: tape.constant(spec)
+    if isinstance(t, TupleType):
+        parts = [_zeros_walk(item, ctx, path) for item in t.items]
+        return lambda tape, x: tuple([part(tape, None) for part in parts])
+    if isinstance(t, SequenceType):
+        return lambda tape, x: []
+    return lambda tape, x: None
+
+
+class Concat(Block):
+    """A tuple of tensors -> one tensor, joined along ``dim`` (0-d tensors count as length 1).
+
+    Arguments:
+        dim: the per-instance dimension to join along.
+        flatten: accept nested tuples, joining all their tensors in order.
+
+    Example:
+        >>> from batchfold.blocks import Record
+        >>> (Record((Vector(2), Scalar())) >> Concat()).eval(([1.0, 2.0], 3.0))
+        tensor([1., 2., 3.])
+    """
+
+    def __init__(self, dim: int = 0, flatten: bool = False) -> None:
+        self.dim, self.flatten = dim, flatten
+
+    def _specialize(self, in_type: Type, ctx: Specializer, path: str) -> Walker:
+        flat_ok = isinstance(in_type, TupleType) and all(
+            isinstance(i, TensorType) for i in in_type.items
+        )
+        if not (in_type != TupleType() and is_tensors(in_type) and (flat_ok or self.flatten)):
+            nested = " (nested only with flatten=True)" if not self.flatten else ""
+            raise BlockTypeError(self, path, f"a tuple of tensors{nested}", in_type)
+        ins = flat_tensor_types(in_type)
+        shapes = [t.shape or (1,) for t in ins]
+        rank = len(shapes[0])
+        dim = self.dim % rank if -rank <= self.dim < rank else None
+        same = all(
+            len(s) == rank
+            and all(a == b for k, (a, b) in enumerate(zip(s, shapes[0], strict=True)) if k != dim)
+            for s in shapes
+        )
+        if dim is None or not same or len({t.dtype for t in ins}) > 1:
+            raise BlockTypeError(
+                self,
+                path,
+                f"tensors of one dtype whose shapes differ only in dim {self.dim}",
+                in_type,
+            )
+        size = sum(s[dim] for s in shapes)
+        out = TensorType(
+            tuple(size if k == dim else d for k, d in enumerate(shapes[0])), ins[0].dtype
+        )
+
+        def batched(sig: Signature, inputs: list[torch.Tensor], n: int) -> torch.Tensor:
+            parts = [x.reshape(n, *shape) for x, shape in zip(inputs, shapes, strict=True)]
+            return torch.cat(parts, dim=dim + 1)
+
+        rule = OpRule("concat", batched, cheap=True)
+        spec = ctx.spec(OpSpec("concat", path, tuple(ins), (out,), rule, torch.cat))
+        return Walker(out, call_walk(spec, in_type, out))
+
+    def __repr__(self) -> str:
+        return f"Concat({self.dim}, flatten={self.flatten})"
+
+
+__all__ = [
+    "Concat",
+    "FromTensor",
+    "OneHot",
+    "OneHotFromList",
+    "Scalar",
+    "Tensor",
+    "Vector",
+    "Zeros",
+    "as_dtype",
+]

@@ -1,0 +1,213 @@
+"""Blocks wired by hand: ``ForwardDeclaration`` (recursion) and ``Composition`` (a DAG).
+
+A declaration's references walk the declared block when they run, so a block may contain
+itself. A composition traces a Python function that wires blocks with ``block.reads(wire)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from operator import itemgetter
+from typing import Any
+
+from .base import Block, Specializer, Tape, Walker, convert_to_block
+from .pyobjects import GetItem
+from .types import BlockTypeError, TupleType, Type, VoidType, canonical, short
+
+
+class ForwardDeclaration:
+    """A block declared before it is defined, for recursion: ``decl()`` gives a reference.
+
+    Arguments:
+        input_type: the input type of the declared block.
+        output_type: its output type.
+        name: the name used in paths and errors.
+
+    Example:
+        >>> import torch
+        >>> from batchfold.blocks import Map, OneOf, PyObjectType, Scalar, Sum, TensorType
+        >>> expr = ForwardDeclaration(PyObjectType(), TensorType((), torch.float32))
+        >>> nested = OneOf(lambda x: isinstance(x, list), {False: Scalar("float32"),
+        ...                                                True: Map(expr()) >> Sum()})
+        >>> expr.resolve_to(nested)
+        >>> expr().eval([1.0, [2.0, [3.0]]])
+        tensor(6.)
+    """
+
+    def __init__(self, input_type: Type, output_type: Type, name: str = "forward") -> None:
+        self.input_type, self.output_type = canonical(input_type), canonical(output_type)
+        self.name = name
+        self.target: Block | None = None
+
+    def __call__(self) -> ForwardRef:
+        return ForwardRef(self)
+
+    def resolve_to(self, block: Any) -> None:
+        """Define the declared block (once); its types must match the declaration."""
+        if self.target is not None:
+            raise ValueError(f"{self!r} is already resolved to {short(self.target)}")
+        self.target = convert_to_block(block)
+        try:
+            Specializer(check=True).forward(self)
+        except Exception:
+            self.target = None
+            raise
+
+    def __repr__(self) -> str:
+        return f"ForwardDeclaration({self.input_type!r}, {self.output_type!r}, name={self.name!r})"
+
+
+class ForwardRef(Block):
+    """A use of a :class:`ForwardDeclaration` (made by calling it)."""
+
+    def __init__(self, declaration: ForwardDeclaration) -> None:
+        self.declaration = declaration
+        self.in_type = declaration.input_type
+
+    def _specialize(self, in_type: Type, ctx: Specializer, path: str) -> Walker:
+        decl = self.declaration
+        if canonical(in_type) != decl.input_type:
+            raise BlockTypeError(self, path, repr(decl.input_type), in_type)
+        return ctx.forward(decl)
+
+    def __repr__(self) -> str:
+        return f"{self.declaration.name}()"
+
+
+class Wire:
+    """A value inside a :class:`Composition`'s wiring function (its input or a block's output).
+
+    ``wire[i]`` selects an item of a tuple or sequence (a ``GetItem``).
+    """
+
+    __slots__ = ("trace", "index")
+
+    def __init__(self, trace: _Trace, index: int) -> None:
+        self.trace, self.index = trace, index
+
+    def __getitem__(self, key: Any) -> Wire:
+        return reads(GetItem(key), (self,))
+
+    def __repr__(self) -> str:
+        return f"Wire({self.index})"
+
+
+class _Trace:
+    """The nodes a wiring function made: ``(block, input structure)``, inputs by wire index."""
+
+    def __init__(self) -> None:
+        self.nodes: list[tuple[Block, Any]] = []
+
+    def structure(self, value: Any) -> Any:
+        if isinstance(value, Wire):
+            if value.trace is not self:
+                raise ValueError("a Wire was used outside the Composition that made it")
+            return value.index
+        if isinstance(value, (tuple, list)):
+            return tuple(self.structure(item) for item in value)
+        raise TypeError(f"a Composition wires Wires and tuples of them, got {short(value)}")
+
+
+_TRACING: list[_Trace] = []
+
+
+def reads(block: Block, wires: tuple[Any, ...]) -> Wire:
+    """Add ``block`` to the Composition being wired, reading ``wires``; returns its output."""
+    if not _TRACING:
+        raise RuntimeError("block.reads(...) wires blocks inside a Composition's wiring function")
+    trace = _TRACING[-1]
+    source = trace.structure(wires[0] if len(wires) == 1 else wires)
+    trace.nodes.append((convert_to_block(block), source))
+    return Wire(trace, len(trace.nodes))
+
+
+def _build(structure: Any, values: list[Any]) -> Any:
+    if type(structure) is int:
+        return values[structure]
+    return tuple([_build(s, values) for s in structure])
+
+
+def _getter(structure: Any) -> Callable[[list[Any]], Any]:
+    """A fast function from the wire values to the value of ``structure``."""
+    if type(structure) is int:
+        return itemgetter(structure)
+    if len(structure) > 1 and all(type(s) is int for s in structure):
+        return itemgetter(*structure)  # gives the tuple of those values
+    return lambda values: _build(structure, values)
+
+
+class Composition(Block):
+    """A DAG of blocks with explicit wiring, written as a function of the input wire.
+
+    ``wiring(x)`` calls ``block.reads(wire, ...)`` to add each block (several wires are read
+    as a tuple) and returns the output wire, a tuple of wires, or ``None`` (void). Blocks run
+    in the order they were wired; every one runs, so a ``Metric`` needs no output.
+
+    Arguments:
+        wiring: the function that wires the blocks.
+        input_type: the input type, when fixed.
+        name: the name shown in ``repr``.
+
+    Example:
+        >>> from batchfold.blocks import Concat, Scalar
+        >>> def wiring(x):
+        ...     a = Scalar().reads(x[0])
+        ...     return Concat().reads(a, a)
+        >>> Composition(wiring).eval([2.0, "unused"])
+        tensor([2., 2.])
+    """
+
+    def __init__(
+        self,
+        wiring: Callable[[Wire], Any],
+        input_type: Type | None = None,
+        name: str | None = None,
+    ) -> None:
+        trace = _Trace()
+        _TRACING.append(trace)
+        try:
+            result = wiring(Wire(trace, 0))
+        finally:
+            _TRACING.pop()
+        self.nodes = trace.nodes
+        self.output = None if result is None else trace.structure(result)
+        self.name = name or getattr(wiring, "__qualname__", "wiring")
+        self.in_type = input_type
+        self._check()
+
+    def _specialize(self, in_type: Type, ctx: Specializer, path: str) -> Walker:
+        types: list[Type] = [in_type]
+
+        def type_of(structure: Any) -> Type:
+            if type(structure) is int:
+                return types[structure]
+            return canonical(TupleType(*[type_of(s) for s in structure]))
+
+        steps = []
+        for i, (block, source) in enumerate(self.nodes):
+            walker = ctx.child(block, type_of(source), f"{path}.nodes[{i}]")
+            types.append(walker.out_type)
+            steps.append((walker.walk, _getter(source)))
+        output = self.output
+        out_type = VoidType() if output is None else type_of(output)
+        result = (lambda values: None) if output is None else _getter(output)
+
+        def walk(tape: Tape, x: Any) -> Any:
+            values = [x]
+            for step, get in steps:
+                values.append(step(tape, get(values)))
+            return result(values)
+
+        return Walker(out_type, walk)
+
+    def __repr__(self) -> str:
+        return f"Composition({self.name})"
+
+
+__all__ = [
+    "Composition",
+    "ForwardDeclaration",
+    "ForwardRef",
+    "Wire",
+    "reads",
+]

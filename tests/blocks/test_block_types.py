@@ -1,0 +1,138 @@
+"""Types, their inference, and the errors for blocks that do not fit together."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from batchfold.blocks import (
+    FC,
+    RNN,
+    AllOf,
+    BlockInputError,
+    BlockTypeError,
+    BroadcastSequenceType,
+    Concat,
+    Embedding,
+    Fold,
+    ForwardDeclaration,
+    Function,
+    GetItem,
+    Identity,
+    InputTransform,
+    Map,
+    Metric,
+    OneOf,
+    PyObjectType,
+    Record,
+    Scalar,
+    SequenceType,
+    Sum,
+    TensorType,
+    TupleType,
+    Vector,
+    VoidType,
+    Zeros,
+    compile,
+)
+from batchfold.blocks.types import canonical
+
+F32 = torch.float32
+
+
+def test_types_compare_hash_print_and_canonicalize():
+    v = TensorType((3,), F32)
+    assert v == TensorType([3], F32) and hash(v) == hash(TensorType((3,), F32))  # type: ignore[arg-type]
+    assert repr(TupleType(v, PyObjectType())) == (
+        "TupleType(TensorType((3,), torch.float32), PyObjectType())"
+    )
+    assert canonical(SequenceType(TupleType(PyObjectType(), PyObjectType()))) == PyObjectType()
+    assert canonical(BroadcastSequenceType(v)) == BroadcastSequenceType(v)
+    with pytest.raises(ValueError, match="sizes >= 0"):
+        TensorType((-1,), F32)
+
+
+def test_output_types_are_inferred_through_composition():
+    block = Record({"a": Map(Scalar(F32)), "b": GetItem(0) >> Vector(2, F32)})
+    assert block.output_type() == TupleType(
+        SequenceType(TensorType((), F32)), TensorType((2,), F32)
+    )
+    assert (Map(Scalar(F32)) >> Sum()).output_type() == TensorType((), F32)
+    assert (Vector(4, F32) >> FC(4, 2)).output_type() == TensorType((2,), F32)
+    assert (Scalar("int64") >> Embedding(5, 3)).output_type() == TensorType((3,), F32)
+    assert Metric("m").output_type(TensorType((), F32)) == VoidType()
+
+
+def test_repr_reads_like_the_constructor():
+    block = Map(Vector(2, F32) >> Function(torch.nn.Linear(2, 3))) >> Sum()
+    assert repr(block) == (
+        "Pipe(Map(Pipe(Vector(2, torch.float32), Function(Linear(in_features=2, out_features=3, "
+        "bias=True)))), Sum())"
+    )
+    assert repr(Record({"x": Identity()})) == "Record({'x': Identity()})"
+    assert repr(Fold(Function(torch.add), Zeros(TensorType((), F32)))) == (
+        "Fold(Function(torch.add), Zeros(TensorType((), torch.float32)))"
+    )
+
+
+def test_a_pipe_mismatch_names_both_blocks_both_types_and_where():
+    message = (
+        "Function(FC(3, 4, activation=relu), in_type=TensorType((3,), torch.float32)) at Pipe[1] "
+        "expects TensorType((3,), torch.float32), got TensorType((), torch.float32) from "
+        "Scalar(torch.float32) at Pipe[0]."
+    )
+    with pytest.raises(BlockTypeError, match=re.escape(message)):
+        _ = Scalar(F32) >> FC(3, 4)
+    with pytest.raises(TypeError, match=re.escape("Map(Identity()) at Pipe[1] expects a sequence")):
+        _ = Vector(2, F32) >> Map(Identity())
+
+
+def test_a_mismatch_found_at_compile_time_names_the_path_in_the_model():
+    fc = FC(3, 4)
+    block = Map(Identity() >> fc)  # Identity's type is only known once the input type is
+    with pytest.raises(BlockTypeError) as error:
+        compile(block)
+    assert str(error.value).startswith("Function(FC(3, 4, activation=relu)")
+    assert "at model.block[1] expects a tensor or a tuple of tensors, got PyObjectType() " in str(
+        error.value
+    )
+    assert str(error.value).endswith("from Identity() at model.block[0].")
+
+
+def test_other_type_errors_and_their_messages():
+    with pytest.raises(BlockTypeError, match=r"at OneOf.cases\[1\] is to give TensorType\(\(\)"):
+        _ = OneOf(lambda x: x, {0: Scalar(F32), 1: Vector(2, F32)})
+    with pytest.raises(BlockTypeError, match="the type metric 'm' gets at AllOf"):
+        _ = AllOf(Scalar(F32) >> Metric("m"), Vector(2, F32) >> Metric("m"))
+    with pytest.raises(BlockTypeError, match=r"combine expects an input it can compute on"):
+        _ = Map(Vector(2, F32)) >> Fold(Function(torch.add), Zeros(TensorType((3,), F32)))
+    with pytest.raises(BlockTypeError, match=r"needs a cell with a declared in_type"):
+        _ = Map(Scalar(F32)) >> RNN(Function(torch.add))
+    with pytest.raises(BlockTypeError, match="must give tensors, tuples of them or sequences"):
+        compile(InputTransform(str))
+    with pytest.raises(BlockTypeError, match="shapes differ only in dim 0"):
+        _ = Record((Vector(2, F32), Vector(2, "int64"))) >> Concat()
+    unresolved = ForwardDeclaration(PyObjectType(), TensorType((), F32), name="tree")
+    with pytest.raises(BlockTypeError, match=r"tree.* at tree needs resolve_to\(block\)"):
+        compile(unresolved())
+    with pytest.raises(BlockTypeError, match="to give TensorType\\(\\(\\), torch.float32\\), the"):
+        unresolved.resolve_to(Vector(2, F32))
+    assert unresolved.target is None  # a failed resolve_to leaves it unresolved
+
+
+def test_bad_python_inputs_name_the_block_the_path_and_the_input():
+    model = compile(Map(Scalar("int64")) >> Sum())
+    message = (
+        "Scalar(torch.int64) at model[0].block: expected integers of shape (), got 'a' (input 1)"
+    )
+    with pytest.raises(BlockInputError, match=re.escape(message)):
+        model([[1], [2, "a"]])
+    with pytest.raises(BlockInputError, match=r"at model\[0\]: expected a sequence, got 3"):
+        model([3])
+    keyed = compile(OneOf(lambda x: x[0], {"a": GetItem(1) >> Scalar(F32)}))
+    with pytest.raises(BlockInputError, match=r"key 'b' has no case \(cases: 'a'\) \(input 0\)"):
+        keyed([("b", 1.0)])
+    with pytest.raises(BlockInputError, match=r"cannot read field 'x': KeyError"):
+        compile(Record({"x": Scalar(F32)}))([{"y": 1.0}])
