@@ -136,9 +136,11 @@ def test_loss_is_the_sum_of_tree_node_losses(float64: None) -> None:
 # -- the task ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("cell", ["treelstm", "treernn"])
-def test_task_loss_batched_equals_eager(tiny_sst: TinySST, cell: str) -> None:
-    task = tiny_task(tiny_sst, "--cell", cell)
+@pytest.mark.parametrize(
+    ("cell", "front_end"), [("treelstm", "lazy"), ("treernn", "lazy"), ("treelstm", "blocks")]
+)
+def test_task_loss_batched_equals_eager(tiny_sst: TinySST, cell: str, front_end: str) -> None:
+    task = tiny_task(tiny_sst, "--cell", cell, "--front-end", front_end)
     model = task.build_model().double().eval()  # no dropout: the two runs must agree
     batch = task.train_items()[:6]
     loss, terms = task.loss(model, batch)
@@ -163,8 +165,9 @@ def test_dropout_is_active_in_train_mode_only(tiny_sst: TinySST) -> None:
     torch.testing.assert_close(task.loss(model, batch)[0].detach(), no_dropout)
 
 
-def test_evaluate_matches_one_tree_at_a_time(tiny_sst: TinySST) -> None:
-    task = tiny_task(tiny_sst)
+@pytest.mark.parametrize("front_end", ["lazy", "blocks"])
+def test_evaluate_matches_one_tree_at_a_time(tiny_sst: TinySST, front_end: str) -> None:
+    task = tiny_task(tiny_sst, "--front-end", front_end)
     model = task.build_model().eval()
     with torch.no_grad():
         got = task.evaluate(model, "test")
@@ -215,3 +218,9 @@ def test_random_word_vectors_without_glove(tiny_sst: TinySST) -> None:
     weight = task.build_model().get_parameter("embedding.weight")
     assert weight.shape == (len(task.vocab), 3)
     assert float(weight.detach().abs().max()) <= 0.05
+
+
+def test_blocks_front_end_needs_the_tree_lstm(tiny_sst: TinySST) -> None:
+    task = tiny_task(tiny_sst, "--cell", "treernn", "--front-end", "blocks")
+    with pytest.raises(ValueError, match="--front-end blocks runs the Tree-LSTM only"):
+        task.loss(task.build_model(), task.train_items()[:2])

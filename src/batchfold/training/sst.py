@@ -1,7 +1,9 @@
 """The SST job: a Tree-LSTM (or Tree-RNN) classifying every node of Sentiment Treebank trees.
 
 Each tree is plain single-instance code (:func:`tree_node_logits`: one cell call and one
-output layer call per node) that ``batch_map`` records for a whole batch and runs batched;
+output layer call per node) that ``batch_map`` records for a whole batch and runs batched,
+or, with ``--front-end blocks``, the same model as blocks
+(:func:`~batchfold.models.tree_lstm_blocks.tree_lstm_blocks`), which record faster;
 the loss is the sum of the per-node cross-entropies, the same sum as
 :func:`~batchfold.models.tree_lstm.tree_node_losses` gives. Word vectors start from GloVe and train at a scaled learning rate,
 as in TensorFlow Fold's sentiment model. Metrics are the usual four SST accuracies (root and
@@ -23,7 +25,10 @@ from batchfold.data.glove import load_word_vectors
 from batchfold.data.sst import Tree, load_sst
 from batchfold.data.trees import BinaryTree
 from batchfold.data.vocab import Vocab
+from batchfold.blocks import CompiledModel
+from batchfold.blocks import compile as compile_blocks
 from batchfold.models.tree_lstm import TreeLSTMClassifier, TreeRNNCell
+from batchfold.models.tree_lstm_blocks import tree_lstm_blocks
 
 __all__ = [
     "METRICS",
@@ -296,6 +301,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the word vectors' learning rate as a fraction of --lr (default: %(default)s)",
     )
     group.add_argument(
+        "--front-end",
+        choices=("lazy", "blocks"),
+        default="lazy",
+        help="lazy: per-tree PyTorch code run by batch_map; blocks: the same model as "
+        "batchfold.blocks combinators (Tree-LSTM only); same numbers (default: %(default)s)",
+    )
+    group.add_argument(
         "--eval-batch-size",
         type=int,
         default=1000,
@@ -337,6 +349,7 @@ class SSTTask:
             raw = {split: load_sst(split, args.data) for split in ("train", "dev", "test")}
         except FileNotFoundError as err:
             raise FileNotFoundError(f"{err} On the command line: --data DIR.") from err
+        self._compiled: dict[int, tuple[SentimentModel, CompiledModel]] = {}
         self.vocab = Vocab(
             word for trees in raw.values() for tree in trees for word in tree.words()
         )
@@ -395,7 +408,10 @@ class SSTTask:
         ]
 
     def _batched_logits(self, model: SentimentModel, trees: Sequence[BinaryTree]) -> Tensor:
-        """The logits of every node of ``trees``, in one ``batch_map``: ``[n_nodes, 5]``."""
+        """The logits of every node of ``trees``, run as one batch: ``[n_nodes, 5]``."""
+        if getattr(self.args, "front_end", "lazy") == "blocks":
+            _, metrics = self._blocks(model)(list(trees))
+            return metrics["logits"]
         leaf = bf.function(model.cell.leaf, batched=True)
         node = bf.function(model.cell, batched=True)
         per_tree = bf.batch_map(
@@ -404,6 +420,16 @@ class SSTTask:
             scheduler=self.args.scheduler,
         )
         return torch.stack([z for logits in per_tree for z in logits])
+
+    def _blocks(self, model: SentimentModel) -> CompiledModel:
+        """``model`` as compiled blocks (compiled once per model; they share its weights)."""
+        if not isinstance(model, TreeLSTMClassifier):
+            raise ValueError("--front-end blocks runs the Tree-LSTM only; use --cell treelstm")
+        cached = self._compiled.get(id(model))
+        if cached is None or cached[0] is not model:
+            cached = (model, compile_blocks(tree_lstm_blocks(model), scheduler=self.args.scheduler))
+            self._compiled[id(model)] = cached
+        return cached[1]
 
     def loss(self, model: nn.Module, batch: Sequence[BinaryTree]) -> tuple[Tensor, int]:
         """The summed cross-entropy of every node of the batch, and the number of nodes."""
