@@ -15,7 +15,10 @@ SGD update at Fold's rate of 1e-5. The modes are Fold's:
 
 Systems (``fold_systems.py``): batchfold runs ordinary per-tree code (``fold_root``) through
 ``batch_map`` with the cell and the leaf lookup recorded as one node each
-(``bf.function(..., batched=True)``);
+(``bf.function(..., batched=True)``; "batchfold agenda", "batchfold depth"), and the same
+model as compiled blocks (``fold_blocks``: a ``ForwardDeclaration``, a ``OneOf`` on leaf or
+internal node, the leaf lookup and the cell as ``Function`` s; "batchfold blocks agenda",
+"batchfold blocks depth"), each with the schedulers of the run;
 ``manual`` as above; ``manual, node by node`` is what Fold's script timed as TensorFlow (one
 batched cell call per node of the shared shape; full runs only); ``naive`` is the same per-tree
 code run one tree and one node at a time (batch size 1 only: it does not batch, so its time
@@ -60,8 +63,10 @@ from fold_systems import (
     LEAVES,
     VOCAB,
     BatchfoldRunner,
+    BlocksRunner,
     ManualRunner,
     NodeByNodeRunner,
+    RecordingRunner,
     Runner,
     check_systems,
     level_matmuls,
@@ -193,6 +198,8 @@ def systems_for(
             systems["naive per tree"] = naive_runner(cell)
     for scheduler in config.schedulers[mode]:
         systems[f"batchfold {scheduler}"] = BatchfoldRunner(cell, scheduler)
+    for scheduler in config.schedulers[mode]:
+        systems[f"batchfold blocks {scheduler}"] = BlocksRunner(cell, scheduler)
     return systems
 
 
@@ -201,13 +208,13 @@ def measure(
 ) -> dict[str, Any]:
     """Time training steps of one system; its row with time, spread, memory and time split."""
     sgd = torch.optim.SGD(cell.parameters(), lr=LR)
-    if isinstance(runner, BatchfoldRunner):
+    if isinstance(runner, RecordingRunner):
         runner.stats.clear()
     with PeakMemory() as peak:
         timing = time_training(runner, batches, sgd, warmup=1, repeats=repeats)
     row = timing_fields(timing)
     row.update(peak.as_dict())
-    if isinstance(runner, BatchfoldRunner):
+    if isinstance(runner, RecordingRunner):
         row.update(split_fields(runner.stats[1:], timing.times))
     return row
 
@@ -233,6 +240,7 @@ def split_fields(stats: list[bf.Stats], times: list[float]) -> dict[str, Any]:
     """
     return {
         "record_s": statistics.median(s.record_s for s in stats),
+        "record_us_per_node": 1e6 * statistics.median(s.record_s / s.nodes for s in stats),
         "schedule_s": statistics.median(s.schedule_s for s in stats),
         "execute_s": statistics.median(s.execute_s for s in stats),
         "without_record_schedule_s": statistics.median(
@@ -354,10 +362,10 @@ def format_row(r: dict[str, Any]) -> str:
     if "record_s" in r:
         extra = (
             f"  record {r['record_s']:.3f}s schedule {r['schedule_s']:.3f}s "
-            f"execute(forward) {r['execute_s']:.3f}s"
+            f"execute(forward) {r['execute_s']:.3f}s, {r['record_us_per_node']:.1f} us/node"
         )
     return (
-        f"state {r['state']:>4d} {r['mode']:>12s} b={r['batch_size']:<4d} {r['system']:<22s} "
+        f"state {r['state']:>4d} {r['mode']:>12s} b={r['batch_size']:<4d} {r['system']:<24s} "
         f"{r['ms_per_tree']:9.2f} ms/tree  peak {r['peak_mb']:7.1f} MB  "
         f"{100 * r['flops_fraction']:4.0f}% of matmul FLOP/s{extra}"
     )
@@ -377,7 +385,9 @@ def summary(results: dict[str, Any]) -> str:
         "resident memory during the configuration (DyNet: its preallocated pools are "
         "`dynet_mem_mb` in the JSON). Split: batchfold's record / schedule / forward "
         "execution, % of the step; 'no rec+sched': ms per tree without recording and "
-        "scheduling (what Fold's script timed).\n",
+        "scheduling (what Fold's script timed); record us/node: recording time per graph "
+        "node. batchfold agenda/depth run per-tree code through `batch_map`; batchfold "
+        "blocks agenda/depth run the same model as compiled blocks.\n",
     ]
     for d in sorted({r["state"] for r in rows}, reverse=True):
         mine = [r for r in rows if r["state"] == d]
@@ -388,13 +398,14 @@ def summary(results: dict[str, Any]) -> str:
             ratio = (
                 r["ms_per_tree"] / manual[r["batch_size"]] if r["batch_size"] in manual else None
             )
-            split = no_rs = ""
+            split = no_rs = per_node = ""
             if "record_s" in r:
                 total = r["median_s"]
                 split = " / ".join(
                     f"{100 * r[k] / total:.0f}" for k in ("record_s", "schedule_s", "execute_s")
                 )
                 no_rs = f"{1e3 * r['without_record_schedule_s'] / r['batch_size']:.2f}"
+                per_node = f"{r['record_us_per_node']:.1f}"
             table.append(
                 [
                     r["batch_size"],
@@ -408,6 +419,7 @@ def summary(results: dict[str, Any]) -> str:
                     f"{r['peak_mb']:.0f}",
                     split,
                     no_rs,
+                    per_node,
                 ]
             )
         head = [
@@ -422,6 +434,7 @@ def summary(results: dict[str, Any]) -> str:
             "peak MB",
             "split %",
             "no rec+sched ms/tree",
+            "record us/node",
         ]
         name = "as published" if d == 1024 else "smaller than published"
         parts.append(f"\n## State size {d} ({name})\n\n" + markdown_table(head, table) + "\n")

@@ -5,9 +5,14 @@ hidden 150, a 5-class cross-entropy on every node; batch sizes 1, 32 and 256; in
 training (forward, backward and an SGD step). Workloads: random binary trees with 2-60
 leaves, complete binary trees with 128 leaves, and the Stanford Sentiment Treebank's training
 trees (word ids from a vocabulary of the training words) when the data is present. batchfold
-runs ordinary per-tree code (the same code the naive baseline runs, ``tree_node_losses``)
-through ``batch_map``, with each scheduler, with the cell recorded as one node
-(``bf.function``) and, in full runs, op by op ("per-op").
+runs through both of its front ends, each with each scheduler: ordinary per-tree code (the
+same code the naive baseline runs, ``tree_node_losses``) through ``batch_map`` ("batchfold
+agenda", "batchfold depth"), with the cell recorded as one node (``bf.function``) and, in
+full runs, op by op ("per-op"); and the same model written as blocks
+(``tree_lstm_blocks``, compiled with ``batchfold.blocks.compile``: "batchfold blocks
+agenda", "batchfold blocks depth"), whose loss is the sum of its ``"loss"`` metric. Before
+timing, every in-process system's loss and gradients are checked against the naive run on a
+few trees of each workload (float64).
 
 The peers run the same model on the same trees from the same initial weights, each in its own
 environment (``peers/``): DyNet without autobatching, with its agenda and its depth
@@ -16,7 +21,8 @@ beforehand. A peer that is not installed is reported as such.
 
 Every row has the median step time and its spread, the peak memory (``memory.py``), the
 achieved FLOP/s as a share of the measured matmul FLOP/s at the sizes of the level-batched run
-(``roofline.py``), and for batchfold the record / schedule / execute split.
+(``roofline.py``), and for batchfold the record / schedule / execute split and the recording
+time per graph node.
 
     python benchmarks/bench_treelstm.py            # full run
     python benchmarks/bench_treelstm.py --quick    # random and SST trees, batch 32 and 256
@@ -43,6 +49,7 @@ import torch
 
 import batchfold as bf
 from baselines import Timing, make_batches, time_inference, time_training
+from batchfold import blocks
 from batchfold.data.paths import find_data
 from batchfold.data.trees import BinaryTree, complete_tree
 from batchfold.models.tree_lstm import (
@@ -52,6 +59,7 @@ from batchfold.models.tree_lstm import (
     naive_batch_loss,
     tree_node_losses,
 )
+from batchfold.models.tree_lstm_blocks import tree_lstm_blocks
 from batchfold.schedule import Scheduler
 from machine import describe_machine, markdown_table
 from memory import PeakMemory
@@ -84,6 +92,30 @@ class BatchfoldRunner:
         )
         self.stats.append(stats)
         return torch.stack([loss for tree in losses for loss in tree]).sum()
+
+
+class BlocksRunner:
+    """A batch's loss through the Tree-LSTM written as blocks; keeps the stats of every call.
+
+    The compiled model uses ``model``'s own modules, so it shares their weights.
+
+    Arguments:
+        model: the classifier.
+        scheduler: ``"agenda"`` or ``"depth"``.
+    """
+
+    def __init__(self, model: TreeLSTMClassifier, scheduler: Scheduler) -> None:
+        self.compiled = blocks.compile(tree_lstm_blocks(model), scheduler=scheduler)
+        self.stats: list[bf.Stats] = []
+
+    def __call__(self, trees: Sequence[BinaryTree]) -> torch.Tensor:
+        _, metrics = self.compiled(trees)
+        assert self.compiled.last_stats is not None
+        self.stats.append(self.compiled.last_stats)
+        return metrics["loss"].sum()
+
+
+RecordingRunner = BatchfoldRunner | BlocksRunner  # the systems that keep stats
 
 
 @dataclass
@@ -163,10 +195,51 @@ def make_systems(model: TreeLSTMClassifier, quick: bool) -> dict[str, Runner]:
         "hand-written level batching": partial(level_batched_loss, model),
         "batchfold agenda": BatchfoldRunner(model, "agenda", fused=True),
         "batchfold depth": BatchfoldRunner(model, "depth", fused=True),
+        "batchfold blocks agenda": BlocksRunner(model, "agenda"),
+        "batchfold blocks depth": BlocksRunner(model, "depth"),
     }
     if not quick:
         systems["batchfold agenda, per-op"] = BatchfoldRunner(model, "agenda", fused=False)
     return systems
+
+
+def check_systems(workloads: Sequence[Workload], seed: int = 0) -> None:
+    """Every in-process system's loss and gradients equal the naive run's, on each workload.
+
+    A small float64 classifier (embedding 8, hidden 6, the workload's vocabulary) runs the
+    first batch of 4 trees of each workload through every system, the per-op one included.
+
+    Raises:
+        RuntimeError: a system disagrees; the message names it and the workload.
+    """
+    for workload in workloads:
+        trees = workload.batches(4, 1)[0]
+        torch.manual_seed(seed)
+        model = TreeLSTMClassifier(workload.vocab_size, 8, 6, n_classes=CLASSES).double()
+        systems = make_systems(model, quick=False)
+        expected = loss_and_grads("naive per-tree", systems.pop("naive per-tree"), model, trees)
+        for name, runner in systems.items():
+            got = loss_and_grads(name, runner, model, trees)
+            if not all(
+                torch.allclose(a, b, rtol=1e-9, atol=1e-12)
+                for a, b in zip(got, expected, strict=True)
+            ):
+                raise RuntimeError(f"{name} ({workload.name}) does not match the naive run")
+
+
+def loss_and_grads(
+    name: str, runner: Runner, model: TreeLSTMClassifier, trees: Sequence[BinaryTree]
+) -> list[torch.Tensor]:
+    """A batch's loss and the gradient of every parameter of the model (system ``name``)."""
+    model.zero_grad(set_to_none=True)
+    loss = runner(trees)
+    loss.backward()
+    out = [loss.detach()]
+    for param_name, param in model.named_parameters():
+        if param.grad is None:
+            raise RuntimeError(f"{name} left {param_name} without a gradient")
+        out.append(param.grad.clone())
+    return out
 
 
 WORKLOADS = ("random", "complete", "sst")
@@ -195,6 +268,7 @@ def run(
     notes: list[str] = []
     workloads = load_workloads(names or (("random", "sst") if quick else WORKLOADS), notes)
     sizes = sizes or ([32, 256] if quick else [1, 32, 256])
+    check_systems(workloads)
     with tempfile.TemporaryDirectory() as scratch:
         for workload in workloads:
             with_peers = peers and (workload.name == "random 2-60 leaves" or not quick)
@@ -274,7 +348,7 @@ def measure(
     warmup: int,
 ) -> dict[str, Any]:
     """Time one configuration; its row with times, spread, memory and batchfold's split."""
-    if isinstance(runner, BatchfoldRunner):
+    if isinstance(runner, RecordingRunner):
         runner.stats.clear()
     with PeakMemory() as peak:
         if mode == "inference":
@@ -284,10 +358,11 @@ def measure(
             timing = time_training(runner, batches, sgd, warmup=warmup, repeats=repeats)
     row = timing_fields(timing)
     row.update(peak.as_dict())
-    if isinstance(runner, BatchfoldRunner) and runner.stats:
+    if isinstance(runner, RecordingRunner) and runner.stats:
         stats = runner.stats[warmup:]
         row.update(
             record_s=statistics.median(s.record_s for s in stats),
+            record_us_per_node=1e6 * statistics.median(s.record_s / s.nodes for s in stats),
             schedule_s=statistics.median(s.schedule_s for s in stats),
             execute_s=statistics.median(s.execute_s for s in stats),
             nodes=stats[-1].nodes,
@@ -429,7 +504,7 @@ def format_row(r: dict[str, Any]) -> str:
     if "record_s" in r:
         extra = (
             f"  record {r['record_s']:.3f}s schedule {r['schedule_s']:.3f}s "
-            f"execute(forward) {r['execute_s']:.3f}s"
+            f"execute(forward) {r['execute_s']:.3f}s, {r['record_us_per_node']:.1f} us/node"
         )
     return (
         f"{r['workload']:>20s} {r['mode']:>9s} b={r['batch_size']:<4d} {r['system']:<30s} "
@@ -447,12 +522,13 @@ def summary(results: dict[str, Any]) -> str:
         key = (r["workload"], r["mode"], r["batch_size"])
         naive = base.get((*key, "naive per-tree"))
         hand = base.get((*key, "hand-written level batching"))
-        split = ""
+        split = per_node = ""
         if "record_s" in r:
             total = r["median_s"]
             split = " / ".join(
                 f"{100 * r[k] / total:.0f}" for k in ("record_s", "schedule_s", "execute_s")
             )
+            per_node = f"{r['record_us_per_node']:.1f}"
         table.append(
             [
                 r["workload"],
@@ -466,6 +542,7 @@ def summary(results: dict[str, Any]) -> str:
                 f"{100 * r['flops_fraction']:.0f}%",
                 f"{r['peak_mb']:.0f}",
                 split,
+                per_node,
             ]
         )
     head = [
@@ -480,6 +557,7 @@ def summary(results: dict[str, Any]) -> str:
         "FLOP/s",
         "peak MB",
         "record / schedule / execute-forward, % of step",
+        "record us/node",
     ]
     m = results["machine"]
     notes = "".join(f"- {note}\n" for note in results["notes"])
@@ -488,9 +566,10 @@ def summary(results: dict[str, Any]) -> str:
         f"torch {m['torch']}, commit {m['commit']}, {m['date']}\n\n"
         "Spread: (max - min) / median of the timed steps. FLOP/s: achieved, as a share of "
         "torch.mm's at the sizes of the level-batched run. Peak: the rise of resident memory "
-        "during the configuration (DyNet preallocates its pools; see the JSON).\n\n"
-        + markdown_table(head, table)
-        + ("\n\n" + notes if notes else "\n")
+        "during the configuration (DyNet preallocates its pools; see the JSON). batchfold "
+        "agenda/depth run per-tree code through `batch_map`; batchfold blocks agenda/depth "
+        "run the same model as compiled blocks. Record us/node: recording time per graph "
+        "node.\n\n" + markdown_table(head, table) + ("\n\n" + notes if notes else "\n")
     )
 
 

@@ -2,9 +2,10 @@
 
 ``bench_fold.py`` times them. Each system is a runner: a batch of trees -> Fold's L2 loss on
 the roots. ``fold_root`` is the per-tree code (run eagerly by ``naive_runner`` and through
-``batch_map`` by :class:`BatchfoldRunner`); :class:`ManualRunner` and
-:class:`NodeByNodeRunner` are hand-built batching over trees of one shared shape.
-:func:`check_systems` checks them all against the one-tree-at-a-time run.
+``batch_map`` by :class:`BatchfoldRunner`); :func:`fold_blocks` is the same model as blocks
+(run by :class:`BlocksRunner`); :class:`ManualRunner` and :class:`NodeByNodeRunner` are
+hand-built batching over trees of one shared shape. :func:`check_systems` checks them all
+against the one-tree-at-a-time run.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 import torch
 
 import batchfold as bf
+from batchfold import blocks
 from batchfold.data.trees import BinaryTree, random_tree
 from batchfold.models.tree_lstm import FoldBenchmarkCell
 from batchfold.schedule import Scheduler
@@ -237,6 +239,74 @@ class BatchfoldRunner:
         return l2_loss(torch.stack(roots))
 
 
+def fold_blocks(cell: FoldBenchmarkCell) -> blocks.Block:
+    """The benchmark model as blocks on one tree: it gives the root's state, ``[d]``.
+
+    Recursion goes through a ``ForwardDeclaration``; a ``OneOf`` on whether the node is a
+    leaf picks the leaf lookup (the word id as an int64 scalar, then ``cell.leaf``) or the
+    cell on the two children's states. Both are ``Function`` s of ``cell``, so the compiled
+    model shares its weights.
+
+    Arguments:
+        cell: the benchmark cell.
+
+    Returns:
+        The root block; compile it with ``batchfold.blocks.compile``.
+    """
+    state = blocks.TensorType((cell.d,), cell.embedding.weight.dtype)
+    tree = blocks.ForwardDeclaration(blocks.PyObjectType(), state, name="fold_tree")
+    leaf = (
+        blocks.InputTransform(_word, name="word")
+        >> blocks.Scalar("int64")
+        >> blocks.Function(cell.leaf, name="fold_leaf")
+    )
+    internal = (
+        blocks.InputTransform(_children, name="children")
+        >> blocks.Record((tree(), tree()))
+        >> blocks.Function(cell, name="fold_cell")
+    )
+    tree.resolve_to(blocks.OneOf(_is_leaf, {True: leaf, False: internal}))
+    return tree()
+
+
+def _is_leaf(node: BinaryTree) -> bool:
+    return node.left is None
+
+
+def _word(node: BinaryTree) -> int:
+    if node.word is None:
+        raise ValueError("a leaf of a Fold benchmark tree needs a word id")
+    return node.word
+
+
+def _children(node: BinaryTree) -> tuple[BinaryTree, BinaryTree]:
+    if node.left is None or node.right is None:
+        raise ValueError("an internal node of a Fold benchmark tree needs two children")
+    return node.left, node.right
+
+
+class BlocksRunner:
+    """:func:`fold_blocks` compiled; keeps every call's statistics.
+
+    Arguments:
+        cell: the benchmark cell.
+        scheduler: ``"agenda"`` or ``"depth"``.
+    """
+
+    def __init__(self, cell: FoldBenchmarkCell, scheduler: Scheduler) -> None:
+        self.compiled = blocks.compile(fold_blocks(cell), scheduler=scheduler)
+        self.stats: list[bf.Stats] = []
+
+    def __call__(self, trees: Sequence[BinaryTree]) -> Tensor:
+        roots, _ = self.compiled(trees)
+        assert self.compiled.last_stats is not None
+        self.stats.append(self.compiled.last_stats)
+        return l2_loss(roots)
+
+
+RecordingRunner = BatchfoldRunner | BlocksRunner  # the systems that keep stats
+
+
 def check_systems(seed: int = 0) -> None:
     """Every system's loss and gradients equal the one-tree-at-a-time run (float64, small).
 
@@ -256,6 +326,8 @@ def check_systems(seed: int = 0) -> None:
         "manual, node by node": (NodeByNodeRunner(cell, shape), ("dynamic",)),
         "batchfold agenda": (BatchfoldRunner(cell, "agenda"), MODES),
         "batchfold depth": (BatchfoldRunner(cell, "depth"), MODES),
+        "batchfold blocks agenda": (BlocksRunner(cell, "agenda"), MODES),
+        "batchfold blocks depth": (BlocksRunner(cell, "depth"), MODES),
     }
     for mode, trees in batches.items():
         expected = _loss_and_grads(naive_runner(cell), cell, trees)

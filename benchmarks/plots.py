@@ -1,4 +1,4 @@
-"""PNG plots of a suite run: throughput against batch size, batchfold's time split, scheduling.
+"""PNG plots of a suite run: throughput, batchfold's time split and recording cost, scheduling.
 
 Each function takes the suite's results (``run_suite.py``) and a folder, writes PNG files
 there and returns their paths. Plots are made with matplotlib's non-interactive backend.
@@ -7,6 +7,7 @@ there and returns their paths. Plots are made with matplotlib's non-interactive 
 from __future__ import annotations
 
 import re
+import statistics
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -28,9 +29,11 @@ def _slug(text: str) -> str:
 
 
 def _lines(ax: Any, series: dict[str, list[tuple[int, float]]], ylabel: str) -> None:
-    for label, points in sorted(series.items()):
+    for i, (label, points) in enumerate(sorted(series.items())):
         points.sort()
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
+        style = ("-", "--", ":")[i // 10 % 3]  # the colour cycle has 10 colours
+        xs, ys = [p[0] for p in points], [p[1] for p in points]
+        ax.plot(xs, ys, marker="o", linestyle=style, label=label)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("batch size (trees)")
@@ -109,6 +112,35 @@ def batchfold_split(suite: dict[str, Any], folder: Path) -> list[Path]:
     return [_save(fig, folder / "batchfold-split.png")]
 
 
+def record_per_node(suite: dict[str, Any], folder: Path) -> list[Path]:
+    """Recording time per graph node of each batchfold system (median over its rows)."""
+    found: dict[str, list[float]] = defaultdict(list)
+    for bench, title in (("treelstm", "Tree-LSTM"), ("fold", "Fold")):
+        for r in (suite["benchmarks"].get(bench) or {"rows": []})["rows"]:
+            if "record_us_per_node" in r:
+                found[f"{title}: {r['system']}"].append(r["record_us_per_node"])
+    if not found:
+        return []
+    labels = sorted(found)
+    values = [statistics.median(found[label]) for label in labels]
+    fig, ax = plt.subplots(figsize=(7, 0.35 * len(labels) + 1.5))
+    ax.barh(labels, values)
+    for y, value in enumerate(values):
+        ax.annotate(
+            f"{value:.1f}",
+            (value, y),
+            xytext=(3, 0),
+            textcoords="offset points",
+            va="center",
+            fontsize=7,
+        )
+    ax.set_xlabel("recording, microseconds per graph node (median over configurations)")
+    ax.invert_yaxis()
+    ax.tick_params(axis="y", labelsize=7)
+    ax.set_title("batchfold: recording cost by front end and scheduler")
+    return [_save(fig, folder / "batchfold-record-per-node.png")]
+
+
 def schedule_rate(results: dict[str, Any], folder: Path) -> list[Path]:
     """Nodes scheduled per second against graph size, per (graph, scheduler)."""
     series: dict[str, list[tuple[int, float]]] = defaultdict(list)
@@ -133,4 +165,4 @@ def all_plots(suite: dict[str, Any], folder: Path) -> list[Path]:
         paths += fold_throughput(benchmarks["fold"], folder)
     if benchmarks.get("schedule"):
         paths += schedule_rate(benchmarks["schedule"], folder)
-    return paths + batchfold_split(suite, folder)
+    return paths + batchfold_split(suite, folder) + record_per_node(suite, folder)

@@ -3,8 +3,10 @@
 Runs, each in a fresh process so that one's memory does not count against the next:
 
 * ``bench_treelstm.py``: the Tree-LSTM on random, complete and SST trees; naive, hand-written
-  level batching, batchfold, and the peers DyNet (autobatch none, agenda, depth) and DGL;
-* ``bench_fold.py``: TensorFlow Fold's ICLR 2017 benchmark (with DyNet);
+  level batching, batchfold (``batch_map`` and blocks, each scheduler), and the peers DyNet
+  (autobatch none, agenda, depth) and DGL;
+* ``bench_fold.py``: TensorFlow Fold's ICLR 2017 benchmark (batchfold's ``batch_map`` and
+  blocks, with DyNet);
 * ``bench_schedule.py``: the schedulers alone, 10^3 to 10^6 nodes;
 * ``bench_tagger_parser.py``: the BiLSTM tagger and greedy parser on UD EWT, where present.
 
@@ -79,7 +81,12 @@ def run_benchmark(
 
 
 def targets(suite: dict[str, Any]) -> list[list[str]]:
-    """The issue's targets on this CPU, each with what this run measured."""
+    """The issue's targets on this CPU, each with what this run measured.
+
+    batchfold is judged by its best system (front end and scheduler), which each row names:
+    the Tree-LSTM targets by the fastest batchfold system at training on random trees at
+    batch size 256, Fold's by the fastest one in full dynamic mode at the largest batch size.
+    """
     out: list[list[str]] = []
     tree = suite["benchmarks"].get("treelstm")
     if tree:
@@ -91,91 +98,118 @@ def targets(suite: dict[str, Any]) -> list[list[str]]:
             and r["batch_size"] == 256
         }
         hand = rows.get("hand-written level batching")
-        for system in ("batchfold agenda", "batchfold depth"):
-            r = rows.get(system)
-            if not r or not hand:
-                continue
-            ratio = r["trees_per_s"] / hand["trees_per_s"]
-            share = r["schedule_s"] / r["median_s"]
-            where = ", ".join(
-                f"{k.removesuffix('_s')} {100 * r[k] / r['median_s']:.0f}%"
-                for k in ("record_s", "schedule_s", "execute_s")
-            )
-            out += [
-                [f"{system} >= 1.0x hand-written", f"{ratio:.2f}x", _met(ratio >= 1.0)],
-                [
-                    f"{system}: scheduling < 10% of the step",
-                    f"{100 * share:.1f}%",
-                    _met(share < 0.1),
-                ],
-                [
-                    f"{system}: >= 50% of matmul FLOP/s",
-                    f"{100 * r['flops_fraction']:.0f}% (step: {where})",
-                    _met(r["flops_fraction"] >= 0.5),
-                ],
-            ]
-    if tree:
-        out += naive_speedup_targets(tree["rows"])
+        mine = {name: r for name, r in rows.items() if name.startswith("batchfold")}
+        if mine:
+            best = max(mine, key=lambda name: mine[name]["trees_per_s"])
+            out += treelstm_targets(best, mine, hand)
+            out += naive_speedup_targets(tree["rows"], best)
     fold = suite["benchmarks"].get("fold")
     if fold:
         out += fold_speedup_targets(fold["rows"])
     return out
 
 
-def naive_speedup_targets(rows: list[dict[str, Any]]) -> list[list[str]]:
-    """Tree-LSTM training on random trees: batchfold's speedup over naive grows with batch size."""
+def treelstm_targets(
+    best: str, mine: dict[str, dict[str, Any]], hand: dict[str, Any] | None
+) -> list[list[str]]:
+    """Tree-LSTM training, random trees, b=256: the best batchfold system's targets."""
+    r = mine[best]
     out = []
-    for system in ("batchfold agenda", "batchfold depth"):
-        points = []
-        for r in rows:
-            if (r["workload"], r["mode"], r["system"]) != (
-                "random 2-60 leaves",
-                "training",
-                system,
-            ):
-                continue
-            naive = next(
-                (
-                    n
-                    for n in rows
-                    if n["system"] == "naive per-tree"
-                    and (n["workload"], n["mode"], n["batch_size"])
-                    == (r["workload"], r["mode"], r["batch_size"])
-                ),
-                None,
-            )
-            if naive:
-                points.append((r["batch_size"], r["trees_per_s"] / naive["trees_per_s"]))
-        if len(points) >= 2:
-            points.sort()
-            grows = all(b[1] >= a[1] for a, b in zip(points, points[1:], strict=False))
-            text = ", ".join(f"b={b}: {s:.1f}x" for b, s in points)
-            out.append([f"Tree-LSTM {system}: speedup over naive grows", text, _met(grows)])
+    if hand:
+        ratio = r["trees_per_s"] / hand["trees_per_s"]
+        others = ", ".join(
+            f"{name} {o['trees_per_s'] / hand['trees_per_s']:.2f}x"
+            for name, o in mine.items()
+            if name != best
+        )
+        text = f"{ratio:.2f}x ({best}" + (f"; others: {others})" if others else ")")
+        out.append(["batchfold >= 1.0x hand-written", text, _met(ratio >= 1.0)])
+    if "schedule_s" in r:
+        share = r["schedule_s"] / r["median_s"]
+        where = ", ".join(
+            f"{k.removesuffix('_s')} {100 * r[k] / r['median_s']:.0f}%"
+            for k in ("record_s", "schedule_s", "execute_s")
+        )
+        out += [
+            [
+                "batchfold: scheduling < 10% of the step",
+                f"{100 * share:.1f}% ({best})",
+                _met(share < 0.1),
+            ],
+            [
+                "batchfold: >= 50% of matmul FLOP/s",
+                f"{100 * r['flops_fraction']:.0f}% ({best}; step: {where})",
+                _met(r["flops_fraction"] >= 0.5),
+            ],
+        ]
     return out
 
 
+def naive_speedup_targets(rows: list[dict[str, Any]], system: str) -> list[list[str]]:
+    """Tree-LSTM training on random trees: ``system``'s speedup over naive grows with batch."""
+    naive = {
+        r["batch_size"]: r
+        for r in rows
+        if (r["workload"], r["mode"], r["system"])
+        == ("random 2-60 leaves", "training", "naive per-tree")
+    }
+    points = sorted(
+        (r["batch_size"], r["trees_per_s"] / naive[r["batch_size"]]["trees_per_s"])
+        for r in rows
+        if (r["workload"], r["mode"], r["system"]) == ("random 2-60 leaves", "training", system)
+        and r["batch_size"] in naive
+    )
+    if len(points) < 2:
+        return []
+    text = ", ".join(f"b={b}: {s:.1f}x" for b, s in points)
+    return [
+        [
+            "Tree-LSTM batchfold: speedup over naive grows",
+            f"{text} ({system})",
+            _met(_grows(points)),
+        ]
+    ]
+
+
 def fold_speedup_targets(rows: list[dict[str, Any]]) -> list[list[str]]:
-    """Speedup over batch size 1 grows with batch size and does not fall at the largest one."""
+    """Fold's speedup over ``manual`` at batch size 1 grows with batch size (full dynamic).
+
+    Per state size, judged on the batchfold system with the least time per tree at the
+    largest batch size.
+    """
     out = []
     for state in sorted({r["state"] for r in rows}, reverse=True):
         mine = [r for r in rows if r["state"] == state]
         base = next((r for r in mine if r["system"] == "manual" and r["batch_size"] == 1), None)
-        if base is None:
+        ours = [
+            r for r in mine if r["system"].startswith("batchfold") and r["mode"] == "full dynamic"
+        ]
+        if base is None or not ours:
             continue
-        for system in sorted({r["system"] for r in mine if r["system"].startswith("batchfold")}):
-            points = sorted(
-                (r["batch_size"], base["ms_per_tree"] / r["ms_per_tree"])
-                for r in mine
-                if r["system"] == system and r["mode"] == "full dynamic"
-            )
-            if len(points) < 2:
-                continue
-            grows = all(b[1] >= a[1] for a, b in zip(points, points[1:], strict=False))
-            text = ", ".join(f"b={b}: {s:.1f}x" for b, s in points)
-            out.append(
-                [f"Fold state {state}, {system} full dynamic: speedup grows", text, _met(grows)]
-            )
+        largest = max(r["batch_size"] for r in ours)
+        best = min((r for r in ours if r["batch_size"] == largest), key=lambda r: r["ms_per_tree"])[
+            "system"
+        ]
+        points = sorted(
+            (r["batch_size"], base["ms_per_tree"] / r["ms_per_tree"])
+            for r in ours
+            if r["system"] == best
+        )
+        if len(points) < 2:
+            continue
+        text = ", ".join(f"b={b}: {s:.1f}x" for b, s in points)
+        out.append(
+            [
+                f"Fold state {state}, batchfold full dynamic: speedup grows",
+                f"{text} ({best})",
+                _met(_grows(points)),
+            ]
+        )
     return out
+
+
+def _grows(points: list[tuple[int, float]]) -> bool:
+    return all(b[1] >= a[1] for a, b in zip(points, points[1:], strict=False))
 
 
 def _met(ok: bool) -> str:
@@ -198,7 +232,10 @@ def report(suite: dict[str, Any], summaries: dict[str, str]) -> str:
         lines.append("Errors: " + "; ".join(suite["errors"]) + "\n")
     rows = targets(suite)
     if rows:
-        lines.append("## Targets\n\n" + markdown_table(["target", "measured", ""], rows) + "\n")
+        lines.append(
+            "## Targets\n\nbatchfold is judged by its best system (front end and scheduler), "
+            "named in each row.\n\n" + markdown_table(["target", "measured", ""], rows) + "\n"
+        )
     lines += [_demote(text) for text in summaries.values()]
     return "\n".join(lines)
 
