@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from treebank_files import write_treebank
 
 import batchfold as bf
 from batchfold.cli import build_parser
@@ -170,27 +171,19 @@ def test_task_errors() -> None:
     ok = random_sentences(2, random.Random(0))
     with pytest.raises(ValueError, match="expected oracle 'static' or 'dynamic'"):
         ParserTask(UDSplits(ok, ok, ok), oracle="beam")
+    with pytest.raises(ValueError, match=r"expected pos_dim of at least 0 \(0: no tags\)"):
+        ArcHybridParser(build_vocabs(ok), pos_dim=-1)
+    with pytest.raises(ValueError, match="expected mlp_hidden of at least 1, found 0"):
+        ArcHybridParser(build_vocabs(ok), mlp_hidden=0)
     task = ParserTask(UDSplits(ok, ok, ok), word_dim=2, pos_dim=0, hidden=2)
     with pytest.raises(TypeError, match="expected a ArcHybridParser"):
         task.evaluate(torch.nn.Linear(1, 1), "dev")
 
 
-def conllu_text(sentences: list[Sentence]) -> str:
-    blocks = []
-    for s in sentences:
-        lines = [f"# sent_id = {s.sent_id}"]
-        columns = zip(s.words, s.upos, s.heads, s.deprels, strict=True)
-        for i, (w, t, h, d) in enumerate(columns, start=1):
-            lines.append("\t".join([str(i), w, w.lower(), t, "_", "_", str(h), d, "_", "_"]))
-        blocks.append("\n".join(lines) + "\n")
-    return "\n".join(blocks) + "\n"
-
-
 def tiny_task(folder: Path, *options: str) -> ParserTask:
     rng = random.Random(8)
     train = random_sentences(5, rng, max_len=6) + [sentence(NONPROJECTIVE, rng, 9)]
-    for split, sentences in (("train", train), ("dev", train[:5]), ("test", train)):
-        (folder / f"en_ewt-ud-{split}.conllu").write_text(conllu_text(sentences))
+    write_treebank(folder, train, train[:5], train)
     args = build_parser("train", "parser").parse_args(
         ["--data", str(folder), "--word-dim", "6", "--pos-dim", "3", "--hidden", "10"]
         + ["--mlp-hidden", "20", "--word-dropout", "0", "--eval-batch", "2", *options]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from treebank_files import write_treebank
 
 import batchfold as bf
 from batchfold.cli import build_parser
@@ -37,18 +38,6 @@ def random_sentences(count: int, rng: random.Random, max_len: int = 7) -> list[S
             )
         )
     return sentences
-
-
-def conllu_text(sentences: list[Sentence]) -> str:
-    """The sentences written as CoNLL-U."""
-    blocks = []
-    for s in sentences:
-        lines = [f"# sent_id = {s.sent_id}"]
-        columns = zip(s.words, s.upos, s.heads, s.deprels, strict=True)
-        for i, (w, t, h, d) in enumerate(columns, start=1):
-            lines.append("\t".join([str(i), w, w.lower(), t, "_", "_", str(h), d, "_", "_"]))
-        blocks.append("\n".join(lines) + "\n")
-    return "\n".join(blocks) + "\n"
 
 
 def tiny_tagger(sentences: list[Sentence], char_dim: int = 3, layers: int = 1) -> BiLSTMTagger:
@@ -132,14 +121,9 @@ def test_unknown_gold_tag_is_a_clear_error() -> None:
         sentence_losses(model, odd)
 
 
-def write_treebank(folder: Path, train: list[Sentence], dev: list[Sentence]) -> None:
-    for split, sentences in (("train", train), ("dev", dev), ("test", dev)):
-        (folder / f"en_ewt-ud-{split}.conllu").write_text(conllu_text(sentences))
-
-
 def test_make_task_on_a_tiny_treebank_learns_the_training_tags(tmp_path: Path, capsys) -> None:
     train = random_sentences(6, random.Random(3))
-    write_treebank(tmp_path, train, train[:4])
+    write_treebank(tmp_path, train, train[:4], train[:4])
     args = build_parser("train", "tagger").parse_args(
         ["--data", str(tmp_path), "--word-dim", "6", "--char-dim", "3", "--hidden", "8"]
         + ["--word-dropout", "0", "--max-eval", "3", "--scheduler", "depth"]

@@ -9,6 +9,7 @@ from batchfold.models.tree_lstm import (
     FoldBenchmarkCell,
     TreeLSTMClassifier,
     TreeRNNCell,
+    TreeRNNClassifier,
     flatten_trees,
     level_batched_loss,
     naive_batch_loss,
@@ -162,3 +163,31 @@ def test_float32_training_step_runs():
         sgd.step()
     model.eval()
     assert level_batched_loss(model, trees).item() < before
+
+
+@pytest.mark.parametrize(
+    ("kind", "cell_keys"),
+    [
+        (TreeLSTMClassifier, ["leaf_gates", "node_gates"]),
+        (TreeRNNClassifier, ["leaf_layer", "node_layer"]),
+    ],
+)
+def test_classifiers_keep_their_checkpoint_keys_and_dropout(kind, cell_keys):
+    model = kind(10, emb_dim=4, hidden=3, n_classes=5, dropout=0.5)
+    cell = [f"cell.{name}.{p}" for name in cell_keys for p in ("weight", "bias")]
+    assert list(model.state_dict()) == ["embedding.weight", *cell, "output.weight", "output.bias"]
+    assert model.output.in_features == 3 and model.embedding.embedding_dim == 4
+    model.eval()  # dropout is off: the logits are the output layer's
+    h = torch.randn(2, 3)
+    torch.testing.assert_close(model(h), model.output(h))
+    model.train()
+    torch.manual_seed(0)
+    dropped = model.embed(torch.tensor([1, 2, 3]))
+    assert bool((dropped == 0).any())  # dropout applies to word vectors in training
+    assert isinstance(kind(10, dropout=0.0).dropout, torch.nn.Identity)
+
+
+def test_tree_rnn_classifier_is_importable_from_the_sst_task():
+    from batchfold.training.sst import TreeRNNClassifier as FromTask
+
+    assert FromTask is TreeRNNClassifier

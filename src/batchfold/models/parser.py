@@ -38,7 +38,7 @@ from batchfold.data.conllu import (
     action_cost,
     oracle_transitions,
 )
-from batchfold.models.tagger import BiLSTM, unk_probabilities
+from batchfold.models.bilstm import BiLSTM, WordDropoutModel, check_sizes
 
 __all__ = [
     "ArcHybridParser",
@@ -87,7 +87,7 @@ class FeatureMLP(nn.Module):
         return self.output(torch.tanh(self.hidden(torch.cat(features, dim=-1))))
 
 
-class ArcHybridParser(nn.Module):
+class ArcHybridParser(WordDropoutModel):
     """The Kiperwasser and Goldberg (2016) arc-hybrid parser with BiLSTM features.
 
     The model keeps the index maps it was built with, so that it reads :class:`Sentence`
@@ -103,7 +103,7 @@ class ArcHybridParser(nn.Module):
         mlp_hidden: the MLP's hidden layer size.
         word_counts: the training count of each word id, for word dropout.
         word_dropout: the word dropout strength (see
-            :func:`~batchfold.models.tagger.unk_probabilities`), applied in training mode.
+            :func:`~batchfold.models.bilstm.unk_probabilities`), applied in training mode.
 
     Raises:
         ValueError: a size is not positive (``pos_dim`` may be 0), or ``word_counts`` does
@@ -129,22 +129,13 @@ class ArcHybridParser(nn.Module):
         word_counts: Sequence[int] | None = None,
         word_dropout: float = 0.0,
     ) -> None:
-        super().__init__()
-        sizes = {"word_dim": word_dim, "hidden": hidden, "layers": layers, "mlp_hidden": mlp_hidden}
-        for name, size in sizes.items():
-            if size < 1:
-                raise ValueError(f"expected {name} of at least 1, found {size}")
-        if pos_dim < 0:
-            raise ValueError(f"expected pos_dim of at least 0 (0: no tags), found {pos_dim}")
-        counts = list(word_counts) if word_counts is not None else [0] * len(vocabs.words)
-        if len(counts) != len(vocabs.words):
-            raise ValueError(
-                f"expected one word count per word id ({len(vocabs.words)}), found {len(counts)}"
-            )
-        self.vocabs = vocabs
+        check_sizes(
+            {"word_dim": word_dim, "hidden": hidden, "layers": layers, "mlp_hidden": mlp_hidden},
+            ("pos_dim", pos_dim, "no tags"),
+        )
+        super().__init__(vocabs, word_counts, word_dropout)
         self.n_labels = len(vocabs.deprels)
         self.n_scores = len(Action) + 2 * self.n_labels
-        self.unk_probability = unk_probabilities(counts, word_dropout)
         self.root_word = len(vocabs.words)  # an extra row for the root token
         self.root_tag = len(vocabs.upos)  # extra rows: the root token, then unseen tags
         self.word_embedding = nn.Embedding(len(vocabs.words) + 1, word_dim)
@@ -153,17 +144,6 @@ class ArcHybridParser(nn.Module):
         self.pad = nn.Embedding(1, 2 * hidden)  # the vector of a missing stack item
         self.scorer = FeatureMLP(N_FEATURES * 2 * hidden, mlp_hidden, self.n_scores)
         self._score_call = bf.function(self.scorer, batched=True)
-
-    @property
-    def device(self) -> torch.device:
-        """Where the parameters live."""
-        return self.word_embedding.weight.device
-
-    def _word_id(self, word: str) -> int:
-        index = self.vocabs.words.lookup(word)
-        if self.training and random.random() < self.unk_probability[index]:
-            return 0
-        return index
 
     def _tag_id(self, tag: str) -> int:
         upos = self.vocabs.upos
@@ -186,7 +166,7 @@ class ArcHybridParser(nn.Module):
         """
         device = self.device  # read once: inside batch_map each read is a recorded call
         inputs = [
-            self._token_input(self._word_id(w), self._tag_id(t), device)
+            self._token_input(self.word_id(w), self._tag_id(t), device)
             for w, t in zip(sentence.words, sentence.upos, strict=True)
         ]
         inputs.append(self._token_input(self.root_word, self.root_tag, device))

@@ -1,4 +1,4 @@
-"""Tree-LSTM and Tree-RNN cells, a node-level classifier, and two plain-PyTorch executions.
+"""Tree-LSTM and Tree-RNN cells, node-level classifiers, and two plain-PyTorch executions.
 
 The cells work on one instance (``x`` of shape ``[in]``, ``h`` of shape ``[hidden]``) and on a
 batch (a leading dimension ``[n, ...]``) alike: they only use ``nn.Linear``, element-wise
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import numpy as np
 import torch
@@ -32,8 +33,10 @@ __all__ = [
     "BinaryTreeLSTMCell",
     "FlatTrees",
     "FoldBenchmarkCell",
+    "TreeClassifier",
     "TreeLSTMClassifier",
     "TreeRNNCell",
+    "TreeRNNClassifier",
     "flatten_trees",
     "level_batched_loss",
     "naive_batch_loss",
@@ -216,26 +219,26 @@ class FoldBenchmarkCell(nn.Module):
         return f_l * left + f_r * right + i * torch.tanh(g)
 
 
-class TreeLSTMClassifier(nn.Module):
-    """A Tree-LSTM that classifies every node of a binary tree (as on the Sentiment Treebank).
+CellT = TypeVar("CellT", bound=nn.Module)
+
+
+class TreeClassifier(nn.Module, Generic[CellT]):
+    """A tree cell plus the layers that classify every node of a binary tree (as on SST).
 
     Word vectors feed the leaves; each node's ``h`` goes through dropout and a linear output
     layer to give its class logits. Dropout (when ``dropout > 0``) applies to word vectors and
-    to ``h`` before the output layer.
+    to ``h`` before the output layer. A subclass names its cell in ``cell_class``, made as
+    ``cell_class(emb_dim, hidden)``.
 
     Arguments:
         vocab_size: the number of word ids.
         emb_dim: the word vector size.
-        hidden: the Tree-LSTM state size.
+        hidden: the cell's state size.
         n_classes: the number of labels.
         dropout: the dropout probability.
-
-    Example:
-        >>> model = TreeLSTMClassifier(100, emb_dim=6, hidden=4)
-        >>> h, c = model.cell.leaf(model.embed(torch.tensor([1, 2, 3])))
-        >>> tuple(model(h).shape)
-        (3, 5)
     """
+
+    cell_class: type[CellT]
 
     def __init__(
         self,
@@ -247,7 +250,7 @@ class TreeLSTMClassifier(nn.Module):
     ) -> None:
         super().__init__()
         self.embedding = nn.Embedding(vocab_size, emb_dim)
-        self.cell = BinaryTreeLSTMCell(emb_dim, hidden)
+        self.cell: CellT = self.cell_class(emb_dim, hidden)
         self.dropout: nn.Module = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.output = nn.Linear(hidden, n_classes)
 
@@ -272,6 +275,37 @@ class TreeLSTMClassifier(nn.Module):
             Logits, ``[..., n_classes]``.
         """
         return self.output(self.dropout(h))
+
+
+class TreeLSTMClassifier(TreeClassifier[BinaryTreeLSTMCell]):
+    """A :class:`TreeClassifier` with the Tree-LSTM cell :class:`BinaryTreeLSTMCell`.
+
+    Its node state is ``(h, c)``; ``h`` goes to the output layer. The arguments are
+    :class:`TreeClassifier`'s.
+
+    Example:
+        >>> model = TreeLSTMClassifier(100, emb_dim=6, hidden=4)
+        >>> h, c = model.cell.leaf(model.embed(torch.tensor([1, 2, 3])))
+        >>> tuple(model(h).shape)
+        (3, 5)
+    """
+
+    cell_class = BinaryTreeLSTMCell
+
+
+class TreeRNNClassifier(TreeClassifier[TreeRNNCell]):
+    """A :class:`TreeClassifier` with the Socher-style Tree-RNN cell :class:`TreeRNNCell`.
+
+    Its node state is the single vector ``h``. The arguments are :class:`TreeClassifier`'s.
+
+    Example:
+        >>> model = TreeRNNClassifier(100, emb_dim=6, hidden=4)
+        >>> h = model.cell.leaf(model.embed(torch.tensor([1, 2, 3])))
+        >>> tuple(model(h).shape)
+        (3, 5)
+    """
+
+    cell_class = TreeRNNCell
 
 
 def per_tree_loss(model: TreeLSTMClassifier, tree: BinaryTree) -> Tensor:

@@ -21,24 +21,22 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from functools import partial
-from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-import batchfold as bf
-from batchfold.data.conllu import Sentence, attachment_scores, build_vocabs
+from batchfold.data.conllu import Sentence, attachment_scores
 from batchfold.models.parser import ArcHybridParser, exploring_loss, parse, sentence_loss
 from batchfold.schedule import Scheduler
-from batchfold.training.tagger import (
+from batchfold.training.ud import (
     UDSplits,
+    UDTask,
     add_option,
     add_ud_arguments,
-    batched_predictions,
+    add_word_dropout_argument,
     describe_splits,
     expect_model,
     load_splits,
-    word_counts,
 )
 
 __all__ = ["ParserTask", "add_arguments", "make_task"]
@@ -58,13 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_option(parser, "--hidden", type=int, default=125, help="BiLSTM size per direction")
     add_option(parser, "--layers", type=int, default=2, help="BiLSTM layers")
     add_option(parser, "--mlp-hidden", type=int, default=100, help="MLP hidden layer size")
-    add_option(
-        parser,
-        "--word-dropout",
-        type=float,
-        default=0.25,
-        help="word dropout alpha: a word seen c times becomes <unk> with p = alpha/(alpha+c)",
-    )
+    add_word_dropout_argument(parser)
     add_option(
         parser,
         "--oracle",
@@ -82,7 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(optimizer="adam", batch_size=32, epochs=30)
 
 
-class ParserTask:
+class ParserTask(UDTask[ArcHybridParser]):
     """An arc-hybrid BiLSTM parser on UD English-EWT, for the generic training loop.
 
     Arguments:
@@ -104,7 +96,7 @@ class ParserTask:
 
     name = "parser"
     best_metric = "dev_uas"
-    unit = "sentences"
+    model_class = ArcHybridParser
 
     def __init__(
         self,
@@ -123,7 +115,6 @@ class ParserTask:
     ) -> None:
         if oracle not in ("static", "dynamic"):
             raise ValueError(f"expected oracle 'static' or 'dynamic', found {oracle!r}")
-        self.splits = splits
         self.projective = [s for s in splits.train if s.is_projective]
         self.skipped_nonprojective = len(splits.train) - len(self.projective)
         """How many training sentences were left out for crossing arcs."""
@@ -132,8 +123,7 @@ class ParserTask:
                 f"expected at least one projective training sentence, found none among "
                 f"{len(splits.train)}"
             )
-        self.vocabs = build_vocabs(self.projective)
-        self.word_counts = word_counts(self.projective, self.vocabs)
+        super().__init__(splits, self.projective, eval_batch, scheduler)
         self.sizes = {
             "word_dim": word_dim,
             "pos_dim": pos_dim,
@@ -144,8 +134,6 @@ class ParserTask:
         self.word_dropout = word_dropout
         self.oracle = oracle
         self.explore = explore
-        self.eval_batch = eval_batch
-        self.scheduler: Scheduler = scheduler
 
     def train_items(self) -> Sequence[Sentence]:
         """The projective training sentences.
@@ -168,51 +156,24 @@ class ParserTask:
             word_dropout=self.word_dropout,
         )
 
-    def param_groups(self, model: nn.Module, lr: float) -> list[dict[str, Any]]:
-        """One group with every parameter at ``lr``.
-
-        Arguments:
-            model: the model.
-            lr: the learning rate.
-
-        Returns:
-            The optimizer's parameter groups.
-        """
-        return [{"params": list(model.parameters()), "lr": lr}]
-
-    def loss(self, model: nn.Module, batch: Sequence[Any]) -> tuple[Tensor, int]:
-        """The summed cross-entropy of every transition of a batch, computed with ``batch_map``.
+    def summed_loss(
+        self, model: ArcHybridParser, batch: Sequence[Sentence], batched: bool
+    ) -> tuple[Tensor, int]:
+        """The summed cross-entropy of every transition of a batch.
 
         Arguments:
             model: the parser.
             batch: projective training sentences.
+            batched: run with ``batch_map``, else one sentence at a time.
 
         Returns:
             ``(loss, number of transitions)``.
         """
-        parser: ArcHybridParser = expect_model(model, ArcHybridParser)
         if self.oracle == "dynamic":
-            explore = partial(exploring_loss, parser, explore=self.explore)
-            explored = bf.batch_map(explore, batch, scheduler=self.scheduler)
+            explore = partial(exploring_loss, model, explore=self.explore)
+            explored = self.each(explore, batch, batched)
             return torch.stack([loss for loss, _ in explored]).sum(), sum(n for _, n in explored)
-        losses = bf.batch_map(partial(sentence_loss, parser), batch, scheduler=self.scheduler)
-        return torch.stack(losses).sum(), sum(2 * len(s) for s in batch)
-
-    def eager_loss(self, model: nn.Module, batch: Sequence[Any]) -> tuple[Tensor, int]:
-        """:meth:`loss` computed one sentence at a time in plain PyTorch (the same code).
-
-        Arguments:
-            model: the parser.
-            batch: projective training sentences.
-
-        Returns:
-            ``(loss, number of transitions)``.
-        """
-        parser: ArcHybridParser = expect_model(model, ArcHybridParser)
-        if self.oracle == "dynamic":
-            explored = [exploring_loss(parser, s, self.explore) for s in batch]
-            return torch.stack([loss for loss, _ in explored]).sum(), sum(n for _, n in explored)
-        losses = [sentence_loss(parser, s) for s in batch]
+        losses = self.each(partial(sentence_loss, model), batch, batched)
         return torch.stack(losses).sum(), sum(2 * len(s) for s in batch)
 
     def evaluate(self, model: nn.Module, split: str) -> dict[str, float]:
@@ -226,15 +187,7 @@ class ParserTask:
             ``{f"{split}_uas": uas, f"{split}_las": las}``.
         """
         parser: ArcHybridParser = expect_model(model, ArcHybridParser)
-        sentences = self.splits.split(split)
-        was_training = parser.training
-        parser.eval()
-        try:
-            parsed = batched_predictions(
-                partial(parse, parser), sentences, self.eval_batch, self.scheduler
-            )
-        finally:
-            parser.train(was_training)
+        sentences, parsed = self.predict(parser, parse, split)
         uas, las = attachment_scores(
             [heads for heads, _ in parsed], [labels for _, labels in parsed], sentences
         )

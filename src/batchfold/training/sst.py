@@ -21,20 +21,20 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import batchfold as bf
+from batchfold.blocks import CompiledModel
+from batchfold.blocks import compile as compile_blocks
 from batchfold.data.glove import load_word_vectors
 from batchfold.data.sst import Tree, load_sst
 from batchfold.data.trees import BinaryTree
 from batchfold.data.vocab import Vocab
-from batchfold.blocks import CompiledModel
-from batchfold.blocks import compile as compile_blocks
-from batchfold.models.tree_lstm import TreeLSTMClassifier, TreeRNNCell
+from batchfold.models.tree_lstm import TreeLSTMClassifier, TreeRNNClassifier
 from batchfold.models.tree_lstm_blocks import tree_lstm_blocks
 
 __all__ = [
     "METRICS",
     "SSTTask",
     "SentimentModel",
-    "TreeRNNClassifier",
+    "TreeRNNClassifier",  # defined in batchfold.models.tree_lstm; callers import it from here
     "add_arguments",
     "binary_accuracy",
     "make_task",
@@ -48,50 +48,6 @@ METRICS = ("root_fine", "root_binary", "all_fine", "all_binary")
 
 N_CLASSES = 5
 NEUTRAL = 2
-
-
-class TreeRNNClassifier(nn.Module):
-    """:class:`~batchfold.models.tree_lstm.TreeLSTMClassifier` with a Socher-style Tree-RNN cell.
-
-    The same embedding, dropout (on word vectors and on states before the output layer) and
-    output layer; the cell is :class:`~batchfold.models.tree_lstm.TreeRNNCell`, whose state is
-    the single vector ``h``.
-
-    Arguments:
-        vocab_size: the number of word ids.
-        emb_dim: the word vector size.
-        hidden: the state size.
-        n_classes: the number of labels.
-        dropout: the dropout probability.
-
-    Example:
-        >>> model = TreeRNNClassifier(100, emb_dim=6, hidden=4)
-        >>> h = model.cell.leaf(model.embed(torch.tensor([1, 2, 3])))
-        >>> tuple(model(h).shape)
-        (3, 5)
-    """
-
-    def __init__(
-        self,
-        vocab_size: int,
-        emb_dim: int = 300,
-        hidden: int = 150,
-        n_classes: int = N_CLASSES,
-        dropout: float = 0.0,
-    ) -> None:
-        super().__init__()
-        self.embedding = nn.Embedding(vocab_size, emb_dim)
-        self.cell = TreeRNNCell(emb_dim, hidden)
-        self.dropout: nn.Module = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
-        self.output = nn.Linear(hidden, n_classes)
-
-    def embed(self, words: Tensor) -> Tensor:
-        """Word vectors (with dropout) for word ids ``[...]``; returns ``[..., emb_dim]``."""
-        return self.dropout(self.embedding(words))
-
-    def forward(self, h: Tensor) -> Tensor:
-        """Class logits ``[..., n_classes]`` from node states ``[..., hidden]``."""
-        return self.output(self.dropout(h))
 
 
 SentimentModel = TreeLSTMClassifier | TreeRNNClassifier
