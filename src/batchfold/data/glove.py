@@ -197,7 +197,7 @@ def load_word_vectors(
         if word in wanted and word not in found:
             found[word] = _floats(values, file, line_no)
     generator = torch.Generator().manual_seed(seed)
-    matrix = (torch.rand(len(words), dim, generator=generator, dtype=torch.float32) * 2 - 1)
+    matrix = torch.rand(len(words), dim, generator=generator, dtype=torch.float32) * 2 - 1
     matrix *= init_range
     rows: list[int] = []
     vectors: list[list[float]] = []

@@ -114,26 +114,32 @@ def tree_lstm_blocks(
             raise ValueError(f"the leaf word {word!r} needs word_id to map it to an id")
         return word_id(word)
 
+    def embed_leaf(words: Tensor) -> tuple[Tensor, Tensor]:
+        return cell.leaf(model.embed(words))
+
+    def head(h: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+        logits = model(h)
+        return logits, _node_losses(logits, labels)
+
+    # one graph node per leaf and one per output: fewer nodes to record and schedule
     leaf = (
         GetItem(1)
         >> InputTransform(lookup, name="word_id")
         >> Scalar("int64")
-        >> Function(model.embed, name="embed")
-        >> Function(cell.leaf, name="tree_lstm_leaf")
+        >> Function(embed_leaf, name="tree_lstm_leaf", modules=(model.embedding, cell))
     )
     internal = GetItem(3) >> Record((tree() >> GetItem(0), tree() >> GetItem(0))) >> _internal(cell)
     state = OneOf(lambda view: view[0], {0: leaf, 2: internal})
-    output = Function(model, name="output")
+    output = Function(head, name="output_and_loss", modules=(model.output,))
     label = GetItem(2) >> Scalar("int64")
-    loss = Function(_node_losses, name="node_loss")
 
     def wiring(x: Any) -> Any:
         view = InputTransform(node_view).reads(x)
         h_c = state.reads(view)
-        logits = output.reads(h_c[0])
-        Metric("logits").reads(logits, view[2])
-        Metric("loss").reads(loss.reads(logits, label.reads(view)))
-        return h_c, logits
+        logits_loss = output.reads(h_c[0], label.reads(view))
+        Metric("logits").reads(logits_loss[0], view[2])
+        Metric("loss").reads(logits_loss[1])
+        return h_c, logits_loss[0]
 
     tree.resolve_to(Composition(wiring, PyObjectType(), name="tree_node"))
     return tree() >> GetItem(1)
