@@ -224,3 +224,21 @@ def test_blocks_front_end_needs_the_tree_lstm(tiny_sst: TinySST) -> None:
     task = tiny_task(tiny_sst, "--cell", "treernn", "--front-end", "blocks")
     with pytest.raises(ValueError, match="--front-end blocks runs the Tree-LSTM only"):
         task.loss(task.build_model(), task.train_items()[:2])
+
+
+def test_recurrent_dropout_is_active_in_train_mode_only(tiny_sst: TinySST) -> None:
+    task = tiny_task(tiny_sst, "--dropout", "0", "--recurrent-dropout", "0.5")
+    model = task.build_model()
+    assert isinstance(model.cell.candidate_dropout, torch.nn.Dropout)
+    batch = task.train_items()[:8]
+    model.train()
+    assert not torch.equal(task.loss(model, batch)[0], task.loss(model, batch)[0])
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(task.loss(model, batch)[0], task.eager_loss(model, batch)[0])
+
+
+def test_recurrent_dropout_needs_the_tree_lstm(tiny_sst: TinySST) -> None:
+    task = tiny_task(tiny_sst, "--cell", "treernn", "--recurrent-dropout", "0.1")
+    with pytest.raises(ValueError, match="Tree-LSTM cell only"):
+        task.build_model()

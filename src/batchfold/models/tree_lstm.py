@@ -54,9 +54,13 @@ class BinaryTreeLSTMCell(nn.Module):
     ``c = sigmoid(i) * tanh(u) + sigmoid(f_l) * c_l + sigmoid(f_r) * c_r`` and
     ``h = sigmoid(o) * tanh(c)``.
 
+    With ``recurrent_dropout > 0``, dropout applies to the candidate ``tanh(u)`` (recurrent
+    dropout without memory loss, Semeniuta et al. 2016, as in TensorFlow Fold's cell).
+
     Arguments:
         in_dim: the size of a leaf's input vector.
         hidden: the size of ``h`` and ``c``.
+        recurrent_dropout: the dropout probability on the candidate.
 
     Example:
         >>> cell = BinaryTreeLSTMCell(4, 3)
@@ -66,10 +70,13 @@ class BinaryTreeLSTMCell(nn.Module):
         ((3,), (7, 3))
     """
 
-    def __init__(self, in_dim: int, hidden: int) -> None:
+    def __init__(self, in_dim: int, hidden: int, recurrent_dropout: float = 0.0) -> None:
         super().__init__()
         self.in_dim = in_dim
         self.hidden = hidden
+        self.candidate_dropout: nn.Module = (
+            nn.Dropout(recurrent_dropout) if recurrent_dropout > 0 else nn.Identity()
+        )
         self.leaf_gates = nn.Linear(in_dim, 3 * hidden)  # -> i, o, u
         self.node_gates = nn.Linear(2 * hidden, 5 * hidden)  # -> i, f_l, f_r, o, u
 
@@ -84,7 +91,7 @@ class BinaryTreeLSTMCell(nn.Module):
         """
         sig, u = self.leaf_gates(x).split([2 * self.hidden, self.hidden], dim=-1)
         i, o = torch.sigmoid(sig).chunk(2, dim=-1)
-        c = i * torch.tanh(u)
+        c = i * self.candidate_dropout(torch.tanh(u))
         return o * torch.tanh(c), c
 
     def forward(self, h_l: Tensor, c_l: Tensor, h_r: Tensor, c_r: Tensor) -> tuple[Tensor, Tensor]:
@@ -114,7 +121,7 @@ class BinaryTreeLSTMCell(nn.Module):
         """
         sig, u = self.node_gates(h_lr).split([4 * self.hidden, self.hidden], dim=-1)
         i, f_l, f_r, o = torch.sigmoid(sig).chunk(4, dim=-1)
-        c = i * torch.tanh(u) + f_l * c_l + f_r * c_r
+        c = i * self.candidate_dropout(torch.tanh(u)) + f_l * c_l + f_r * c_r
         return o * torch.tanh(c), c
 
 
@@ -281,7 +288,8 @@ class TreeLSTMClassifier(TreeClassifier[BinaryTreeLSTMCell]):
     """A :class:`TreeClassifier` with the Tree-LSTM cell :class:`BinaryTreeLSTMCell`.
 
     Its node state is ``(h, c)``; ``h`` goes to the output layer. The arguments are
-    :class:`TreeClassifier`'s.
+    :class:`TreeClassifier`'s, plus ``recurrent_dropout``, the cell's dropout probability on
+    its candidate (see :class:`BinaryTreeLSTMCell`).
 
     Example:
         >>> model = TreeLSTMClassifier(100, emb_dim=6, hidden=4)
@@ -291,6 +299,19 @@ class TreeLSTMClassifier(TreeClassifier[BinaryTreeLSTMCell]):
     """
 
     cell_class = BinaryTreeLSTMCell
+
+    def __init__(
+        self,
+        vocab_size: int,
+        emb_dim: int = 300,
+        hidden: int = 150,
+        n_classes: int = 5,
+        dropout: float = 0.0,
+        recurrent_dropout: float = 0.0,
+    ) -> None:
+        super().__init__(vocab_size, emb_dim, hidden, n_classes, dropout)
+        if recurrent_dropout > 0:
+            self.cell.candidate_dropout = nn.Dropout(recurrent_dropout)
 
 
 class TreeRNNClassifier(TreeClassifier[TreeRNNCell]):

@@ -251,6 +251,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: %(default)s, Fold's keep probability 0.75)",
     )
     group.add_argument(
+        "--recurrent-dropout",
+        type=float,
+        default=0.0,
+        help="Tree-LSTM only: dropout on each cell's candidate, as in Fold's cell "
+        "(default: %(default)s)",
+    )
+    group.add_argument(
         "--embed-lr-scale",
         type=float,
         default=0.1,
@@ -347,8 +354,18 @@ class SSTTask:
     def build_model(self) -> SentimentModel:
         """A fresh classifier whose word vectors are the loaded GloVe vectors."""
         args = self.args
-        kind = TreeLSTMClassifier if args.cell == "treelstm" else TreeRNNClassifier
-        model = kind(len(self.vocab), args.word_dim, args.hidden, N_CLASSES, args.dropout)
+        recurrent = getattr(args, "recurrent_dropout", 0.0)
+        model: SentimentModel
+        if args.cell == "treelstm":
+            model = TreeLSTMClassifier(
+                len(self.vocab), args.word_dim, args.hidden, N_CLASSES, args.dropout, recurrent
+            )
+        elif recurrent > 0:
+            raise ValueError("--recurrent-dropout applies to the Tree-LSTM cell only")
+        else:
+            model = TreeRNNClassifier(
+                len(self.vocab), args.word_dim, args.hidden, N_CLASSES, args.dropout
+            )
         with torch.no_grad():
             model.embedding.weight.copy_(self.vectors)
         return model
