@@ -74,9 +74,9 @@ class Driver:
             out = task.switch(*args)
         except Exception as error:
             paused.pop(index, None)
-            add_note = getattr(error, "add_note", None)  # Python 3.11+
-            if add_note is not None:
-                add_note(f"(raised by instance {index} of batch_map)")
+            # what BaseException.add_note does on 3.11+ (which prints notes under the traceback)
+            notes = [*getattr(error, "__notes__", []), f"(raised by instance {index} of batch_map)"]
+            setattr(error, "__notes__", notes)  # noqa: B010
             raise
         finally:
             torch.set_grad_enabled(grad)
