@@ -243,6 +243,8 @@ class TreeClassifier(nn.Module, Generic[CellT]):
         hidden: the cell's state size.
         n_classes: the number of labels.
         dropout: the dropout probability.
+        recurrent_dropout: the Tree-LSTM cell's dropout probability on its candidate (see
+            :class:`BinaryTreeLSTMCell`).
     """
 
     cell_class: type[CellT]
@@ -254,10 +256,14 @@ class TreeClassifier(nn.Module, Generic[CellT]):
         hidden: int = 150,
         n_classes: int = 5,
         dropout: float = 0.0,
+        recurrent_dropout: float = 0.0,
     ) -> None:
         super().__init__()
         self.embedding = nn.Embedding(vocab_size, emb_dim)
-        self.cell: CellT = self.cell_class(emb_dim, hidden)
+        if recurrent_dropout > 0 and self.cell_class is not BinaryTreeLSTMCell:
+            raise ValueError("recurrent dropout applies to the Tree-LSTM cell only")
+        options = {"recurrent_dropout": recurrent_dropout} if recurrent_dropout > 0 else {}
+        self.cell: CellT = self.cell_class(emb_dim, hidden, **options)
         self.dropout: nn.Module = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.output = nn.Linear(hidden, n_classes)
 
@@ -288,8 +294,7 @@ class TreeLSTMClassifier(TreeClassifier[BinaryTreeLSTMCell]):
     """A :class:`TreeClassifier` with the Tree-LSTM cell :class:`BinaryTreeLSTMCell`.
 
     Its node state is ``(h, c)``; ``h`` goes to the output layer. The arguments are
-    :class:`TreeClassifier`'s, plus ``recurrent_dropout``, the cell's dropout probability on
-    its candidate (see :class:`BinaryTreeLSTMCell`).
+    :class:`TreeClassifier`'s.
 
     Example:
         >>> model = TreeLSTMClassifier(100, emb_dim=6, hidden=4)
@@ -299,19 +304,6 @@ class TreeLSTMClassifier(TreeClassifier[BinaryTreeLSTMCell]):
     """
 
     cell_class = BinaryTreeLSTMCell
-
-    def __init__(
-        self,
-        vocab_size: int,
-        emb_dim: int = 300,
-        hidden: int = 150,
-        n_classes: int = 5,
-        dropout: float = 0.0,
-        recurrent_dropout: float = 0.0,
-    ) -> None:
-        super().__init__(vocab_size, emb_dim, hidden, n_classes, dropout)
-        if recurrent_dropout > 0:
-            self.cell.candidate_dropout = nn.Dropout(recurrent_dropout)
 
 
 class TreeRNNClassifier(TreeClassifier[TreeRNNCell]):

@@ -354,18 +354,15 @@ class SSTTask:
     def build_model(self) -> SentimentModel:
         """A fresh classifier whose word vectors are the loaded GloVe vectors."""
         args = self.args
-        recurrent = getattr(args, "recurrent_dropout", 0.0)
-        model: SentimentModel
-        if args.cell == "treelstm":
-            model = TreeLSTMClassifier(
-                len(self.vocab), args.word_dim, args.hidden, N_CLASSES, args.dropout, recurrent
-            )
-        elif recurrent > 0:
-            raise ValueError("--recurrent-dropout applies to the Tree-LSTM cell only")
-        else:
-            model = TreeRNNClassifier(
-                len(self.vocab), args.word_dim, args.hidden, N_CLASSES, args.dropout
-            )
+        kind = TreeLSTMClassifier if args.cell == "treelstm" else TreeRNNClassifier
+        model = kind(
+            len(self.vocab),
+            args.word_dim,
+            args.hidden,
+            N_CLASSES,
+            args.dropout,
+            getattr(args, "recurrent_dropout", 0.0),
+        )
         with torch.no_grad():
             model.embedding.weight.copy_(self.vectors)
         return model
