@@ -5,6 +5,7 @@ groups them into a :class:`Plan` of batched steps; the executor runs the plan wi
 PyTorch call per step. :func:`batch_map` does all three for single-instance PyTorch code.
 """
 
+from . import blocks as blocks
 from .errors import BatchfoldError as BatchfoldError
 from .errors import DeviceError as DeviceError
 from .errors import DtypeError as DtypeError
@@ -27,4 +28,3 @@ from .schedule import schedule as schedule
 from .stats import Stats as Stats
 
 __version__ = "0.1.0"
-from . import blocks as blocks

@@ -12,8 +12,9 @@ class Stats:
     """What one run recorded, how it was batched, and the seconds spent in each phase.
 
     ``segments`` counts the plans run; ``syncs`` those run because instances waited on a
-    value they read. ``fallbacks`` counts, per op, the nodes that ran through ``torch.func.vmap`` or one
-    instance at a time because the op has no batching rule of its own.
+    value they read. ``fallbacks`` counts, per op, the nodes that ran through
+    ``torch.func.vmap`` or one instance at a time because the op has no batching rule of its
+    own.
     """
 
     instances: int = 0

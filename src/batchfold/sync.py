@@ -65,7 +65,12 @@ class Driver:
         return results
 
     def _step(
-        self, index: int, task: Any, args: tuple[Any, ...], results: list[Any], paused: dict
+        self,
+        index: int,
+        task: Any,
+        args: tuple[Any, ...],
+        results: list[Any],
+        paused: dict[int, Any],
     ) -> None:
         """Run one instance until it pauses at a read or returns."""
         grad = torch.is_grad_enabled()
