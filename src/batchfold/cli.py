@@ -121,10 +121,10 @@ def _split_command(argv: Sequence[str]) -> tuple[str, str] | None:
     command = argv[0]
     if command not in COMMANDS:
         raise CommandLineError(f"unknown command {command!r}; expected one of: train, eval")
-    if len(argv) < 2 or argv[1] in ("-h", "--help"):
-        if len(argv) >= 2:
-            return None
+    if len(argv) < 2:
         raise CommandLineError(f"'batchfold {command}' needs a task: one of {', '.join(TASKS)}")
+    if argv[1] in ("-h", "--help"):
+        return None
     return command, argv[1]
 
 
@@ -150,7 +150,7 @@ def _run(command: str, task: str, options: Sequence[str]) -> int:
     )
     print(f"{task} {args.split}, checkpoint {args.checkpoint}:")
     for name, value in metrics.items():
-        print(f"  {name:<14} {value:8.2f}")
+        print(f"  {name.removeprefix(args.split + '_'):<14} {value:8.2f}")
     return 0
 
 

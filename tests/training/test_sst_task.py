@@ -117,17 +117,14 @@ def test_batched_logits_match_one_tree_at_a_time(
     )
 
 
-def test_loss_is_the_sum_of_tree_node_losses(float64: None) -> None:
-    model = TreeLSTMClassifier(50, emb_dim=6, hidden=5)
-    trees = random_trees(9, 1, 12, rng=4, vocab_size=50, n_classes=5)
-    leaf = bf.function(model.cell.leaf, batched=True)
-    node = bf.function(model.cell, batched=True)
-    logits = bf.batch_map(lambda t: tree_node_logits(model, t, leaf, node), trees)
-    labels = torch.tensor([n.label for t in trees for n in t.nodes()])
-    ours = torch.nn.functional.cross_entropy(
-        torch.stack([z for zs in logits for z in zs]), labels, reduction="sum"
-    )
-    reference = torch.stack([loss for t in trees for loss in tree_node_losses(model, t)]).sum()
+@pytest.mark.parametrize("front_end", ["lazy", "blocks"])
+def test_loss_is_the_sum_of_tree_node_losses(tiny_sst: TinySST, front_end: str) -> None:
+    task = tiny_task(tiny_sst, "--front-end", front_end)
+    model = task.build_model().double().eval()
+    assert isinstance(model, TreeLSTMClassifier)
+    batch = task.train_items()[:6]
+    ours, _ = task.loss(model, batch)
+    reference = torch.stack([loss for t in batch for loss in tree_node_losses(model, t)]).sum()
     torch.testing.assert_close(ours, reference, rtol=1e-12, atol=1e-12)
     for g, w in zip(grads(model, ours), grads(model, reference), strict=True):
         torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import torch
@@ -41,6 +41,7 @@ __all__ = [
     "level_batched_loss",
     "naive_batch_loss",
     "per_tree_loss",
+    "tree_node_logits",
     "tree_node_losses",
 ]
 
@@ -506,18 +507,69 @@ def level_batched_loss(model: TreeLSTMClassifier, trees: Sequence[BinaryTree]) -
     return F.cross_entropy(model(h_all), flat.labels, reduction="sum")
 
 
-def tree_node_losses(
-    model: TreeLSTMClassifier,
+def tree_node_logits(
+    model: TreeLSTMClassifier | TreeRNNClassifier,
     tree: BinaryTree,
-    leaf: Callable[[Tensor], tuple[Tensor, Tensor]] | None = None,
-    node: Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]] | None = None,
+    leaf: Callable[..., Any] | None = None,
+    node: Callable[..., Any] | None = None,
+) -> list[Tensor]:
+    """Class logits of every node of one tree: plain single-instance code for ``batch_map``.
+
+    Run eagerly it computes one node at a time; inside ``batchfold.batch_map`` it is recorded
+    for every tree of a batch and run batched. ``leaf`` and ``node`` default to the model's
+    cell; pass ``batchfold.function(cell, batched=True)`` wrappers to record each cell call as
+    one node. A cell state is ``(h, c)`` (Tree-LSTM) or ``h`` (Tree-RNN); ``node`` gets the
+    left child's state parts, then the right child's.
+
+    Arguments:
+        model: the classifier.
+        tree: one tree of word ids.
+        leaf: the leaf function (default ``model.cell.leaf``).
+        node: the internal-node function (default ``model.cell``).
+
+    Returns:
+        One ``[n_classes]`` logit vector per node, in post-order (the root last).
+
+    Example:
+        >>> import batchfold as bf
+        >>> _ = torch.manual_seed(0)
+        >>> model = TreeLSTMClassifier(10, emb_dim=4, hidden=3)
+        >>> tree = BinaryTree.node(BinaryTree.leaf(1), BinaryTree.leaf(2))
+        >>> batched = bf.batch_map(lambda t: tree_node_logits(model, t), [tree])[0]
+        >>> [torch.allclose(a, b) for a, b in zip(batched, tree_node_logits(model, tree))]
+        [True, True, True]
+    """
+    leaf = leaf or model.cell.leaf
+    node = node or model.cell
+    device = model.output.weight.device
+    states: list[tuple[Tensor, ...]] = []
+    logits: list[Tensor] = []
+    for n in tree.nodes():  # post-order, iterative
+        if n.left is None:
+            out = leaf(model.embed(torch.tensor(n.word, device=device)))
+        else:
+            right = states.pop()
+            left = states.pop()
+            out = node(*left, *right)
+        state = out if isinstance(out, tuple) else (out,)
+        states.append(state)
+        logits.append(model(state[0]))
+    return logits
+
+
+def tree_node_losses(
+    model: TreeLSTMClassifier | TreeRNNClassifier,
+    tree: BinaryTree,
+    leaf: Callable[..., Any] | None = None,
+    node: Callable[..., Any] | None = None,
 ) -> list[Tensor]:
     """The cross-entropy of every node of one tree: plain single-instance code for ``batch_map``.
 
     Run eagerly, it computes one tree one node at a time; inside ``batchfold.batch_map`` the
     same code is recorded for every tree of a batch and run batched. ``leaf`` and ``node``
     default to the model's cell; pass ``batchfold.function(cell, batched=True)`` wrappers to
-    record each cell call as one node.
+    record each cell call as one node. These are the cross-entropies of
+    :func:`tree_node_logits`.
 
     Arguments:
         model: the classifier.
@@ -539,18 +591,8 @@ def tree_node_losses(
         >>> len(batched) == tree.size and torch.allclose(torch.stack(batched), torch.stack(eager))
         True
     """
-    leaf = leaf or model.cell.leaf
-    node = node or model.cell
     device = model.output.weight.device
-    states: list[tuple[Tensor, Tensor]] = []
-    losses: list[Tensor] = []
-    for n in tree.nodes():  # post-order, iterative
-        if n.left is None:
-            h, c = leaf(model.embed(torch.tensor(n.word, device=device)))
-        else:
-            h_r, c_r = states.pop()
-            h_l, c_l = states.pop()
-            h, c = node(h_l, c_l, h_r, c_r)
-        states.append((h, c))
-        losses.append(F.cross_entropy(model(h), torch.tensor(n.label, device=device)))
-    return losses
+    return [
+        F.cross_entropy(logits, torch.tensor(n.label, device=device))
+        for logits, n in zip(tree_node_logits(model, tree, leaf, node), tree.nodes(), strict=True)
+    ]

@@ -368,10 +368,12 @@ def _evaluate(task: Task, model: nn.Module, split: str) -> dict[str, float]:
         model.train()
 
 
-def _format_metrics(metrics: dict[str, float]) -> str:
+def _format_metrics(split: str, metrics: dict[str, float]) -> str:
+    """``"dev upos 95.12, ..."``: keys that start with the split's name print without it."""
     # percentages read best with 2 decimals, fractions with 4
-    return ", ".join(
-        f"{key} {value:.2f}" if abs(value) >= 1 or value == 0 else f"{key} {value:.4f}"
+    return f"{split} " + ", ".join(
+        f"{key.removeprefix(split + '_')} "
+        + (f"{value:.2f}" if abs(value) >= 1 or value == 0 else f"{value:.4f}")
         for key, value in metrics.items()
     )
 
@@ -524,7 +526,7 @@ def train(task: Task, args: argparse.Namespace) -> dict[str, Any]:
             shutil.copyfile(out / "last.pt", out / "best.pt")
         print(
             f"epoch {epoch}/{args.epochs}: train loss {record['train_loss']:.4f}, "
-            f"dev {_format_metrics(record['dev'])}, {record['items_per_s']:.1f} {task.unit}/s, "
+            f"{_format_metrics('dev', record['dev'])}, {record['items_per_s']:.1f} {task.unit}/s, "
             f"{record['seconds']:.1f} s" + (" (best)" if improved else "")
         )
     return _finish(task, model, items, args, history, out)
@@ -559,8 +561,8 @@ def _finish(
 
 def _print_summary(summary: dict[str, Any], unit: str) -> None:
     if summary["best_epoch"] is not None:
-        print(f"best epoch {summary['best_epoch']}: dev {_format_metrics(summary['dev'])}")
-    print(f"test: {_format_metrics(summary['test'])}")
+        print(f"best epoch {summary['best_epoch']}: {_format_metrics('dev', summary['dev'])}")
+    print(_format_metrics("test", summary["test"]))
     if summary["train_items_per_s"] is not None:
         print(f"training: {summary['train_items_per_s']:.1f} {unit}/s (mean over epochs)")
     speed = summary["throughput"]

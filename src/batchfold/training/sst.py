@@ -5,15 +5,15 @@ output layer call per node) that ``batch_map`` records for a whole batch and run
 or, with ``--front-end blocks``, the same model as blocks
 (:func:`~batchfold.models.tree_lstm_blocks.tree_lstm_blocks`), which record faster;
 the loss is the sum of the per-node cross-entropies, the same sum as
-:func:`~batchfold.models.tree_lstm.tree_node_losses` gives. Word vectors start from GloVe and train at a scaled learning rate,
-as in TensorFlow Fold's sentiment model. Metrics are the usual four SST accuracies (root and
+:func:`~batchfold.models.tree_lstm.tree_node_losses` gives. Word vectors start from GloVe
+and train at a scaled learning rate, as in TensorFlow Fold's sentiment model. Metrics are the usual four SST accuracies (root and
 all nodes, fine-grained and binary), in percent.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -27,7 +27,7 @@ from batchfold.data.glove import load_word_vectors
 from batchfold.data.sst import Tree, load_sst
 from batchfold.data.trees import BinaryTree
 from batchfold.data.vocab import Vocab
-from batchfold.models.tree_lstm import TreeLSTMClassifier, TreeRNNClassifier
+from batchfold.models.tree_lstm import TreeLSTMClassifier, TreeRNNClassifier, tree_node_logits
 from batchfold.models.tree_lstm_blocks import tree_lstm_blocks
 
 __all__ = [
@@ -40,7 +40,7 @@ __all__ = [
     "make_task",
     "sentiment_accuracies",
     "to_binary_tree",
-    "tree_node_logits",
+    "tree_node_logits",  # defined in batchfold.models.tree_lstm, as TreeRNNClassifier
 ]
 
 METRICS = ("root_fine", "root_binary", "all_fine", "all_binary")
@@ -86,55 +86,6 @@ def to_binary_tree(tree: Tree, vocab: Vocab, where: str = "tree") -> BinaryTree:
                 "every internal node to have exactly 2 children"
             )
     return built[0]
-
-
-def tree_node_logits(
-    model: SentimentModel,
-    tree: BinaryTree,
-    leaf: Callable[..., Any] | None = None,
-    node: Callable[..., Any] | None = None,
-) -> list[Tensor]:
-    """Class logits of every node of one tree: plain single-instance code for ``batch_map``.
-
-    Run eagerly it computes one node at a time; inside ``batchfold.batch_map`` it is recorded
-    for every tree of a batch and run batched. ``leaf`` and ``node`` default to the model's
-    cell; pass ``batchfold.function(cell, batched=True)`` wrappers to record each cell call as
-    one node. A cell state is ``(h, c)`` (Tree-LSTM) or ``h`` (Tree-RNN); ``node`` gets the
-    left child's state parts, then the right child's.
-
-    Arguments:
-        model: the classifier.
-        tree: one tree of word ids.
-        leaf: the leaf function (default ``model.cell.leaf``).
-        node: the internal-node function (default ``model.cell``).
-
-    Returns:
-        One ``[n_classes]`` logit vector per node, in post-order (the root last).
-
-    Example:
-        >>> _ = torch.manual_seed(0)
-        >>> model = TreeLSTMClassifier(10, emb_dim=4, hidden=3)
-        >>> tree = BinaryTree.node(BinaryTree.leaf(1), BinaryTree.leaf(2))
-        >>> batched = bf.batch_map(lambda t: tree_node_logits(model, t), [tree])[0]
-        >>> [torch.allclose(a, b) for a, b in zip(batched, tree_node_logits(model, tree))]
-        [True, True, True]
-    """
-    leaf = leaf or model.cell.leaf
-    node = node or model.cell
-    device = model.output.weight.device
-    states: list[tuple[Tensor, ...]] = []
-    logits: list[Tensor] = []
-    for n in tree.nodes():  # post-order, iterative
-        if n.left is None:
-            out = leaf(model.embed(torch.tensor(n.word, device=device)))
-        else:
-            right = states.pop()
-            left = states.pop()
-            out = node(*left, *right)
-        state = out if isinstance(out, tuple) else (out,)
-        states.append(state)
-        logits.append(model(state[0]))
-    return logits
 
 
 def _node_labels(trees: Sequence[BinaryTree], device: torch.device) -> Tensor:
@@ -312,7 +263,7 @@ class SSTTask:
             raw = {split: load_sst(split, args.data) for split in ("train", "dev", "test")}
         except FileNotFoundError as err:
             raise FileNotFoundError(f"{err} On the command line: --data DIR.") from err
-        self._compiled: dict[int, tuple[SentimentModel, CompiledModel]] = {}
+        self._compiled: tuple[TreeLSTMClassifier, CompiledModel] | None = None
         self.vocab = Vocab(
             word for trees in raw.values() for tree in trees for word in tree.words()
         )
@@ -392,14 +343,13 @@ class SSTTask:
         return torch.stack([z for logits in per_tree for z in logits])
 
     def _blocks(self, model: SentimentModel) -> CompiledModel:
-        """``model`` as compiled blocks (compiled once per model; they share its weights)."""
+        """``model`` as compiled blocks that share its weights (kept for the last model)."""
         if not isinstance(model, TreeLSTMClassifier):
             raise ValueError("--front-end blocks runs the Tree-LSTM only; use --cell treelstm")
-        cached = self._compiled.get(id(model))
-        if cached is None or cached[0] is not model:
-            cached = (model, compile_blocks(tree_lstm_blocks(model), scheduler=self.args.scheduler))
-            self._compiled[id(model)] = cached
-        return cached[1]
+        if self._compiled is None or self._compiled[0] is not model:
+            blocks = compile_blocks(tree_lstm_blocks(model), scheduler=self.args.scheduler)
+            self._compiled = (model, blocks)
+        return self._compiled[1]
 
     def loss(self, model: nn.Module, batch: Sequence[BinaryTree]) -> tuple[Tensor, int]:
         """The summed cross-entropy of every node of the batch, and the number of nodes."""
