@@ -27,7 +27,7 @@ test: lint
 check: test
 
 # The side-by-side suite (benchmarks/README.md); peers run where benchmarks/setup_peers.sh made
-# them. bench: a few minutes on 2 idle cores; bench-full: about two hours.
+# them. bench: the quick suite; bench-full: every configuration, state 1024 included.
 bench: $(STAMP)
 	$(PY) benchmarks/run_suite.py --quick
 

@@ -20,10 +20,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import torch
 from torch import Tensor
 
+import batchfold as bf
 from batchfold.data.trees import BinaryTree, random_trees
 from batchfold.models.tree_lstm import TreeLSTMClassifier, level_batched_loss, naive_batch_loss
 
@@ -31,9 +33,11 @@ __all__ = [
     "Runner",
     "Timing",
     "make_batches",
+    "split_fields",
     "synchronize",
     "time_inference",
     "time_training",
+    "timing_fields",
     "training_step",
     "tree_lstm_baselines",
 ]
@@ -68,6 +72,35 @@ class Timing:
     def trees_per_s(self) -> float:
         """Throughput at the median: trees per second."""
         return self.batch_size / self.median_s
+
+
+def timing_fields(timing: Timing) -> dict[str, Any]:
+    """A results row's fields for a timing: throughput, median, spread and every time."""
+    return {
+        "trees_per_s": timing.trees_per_s,
+        "median_s": timing.median_s,
+        "min_s": min(timing.times),
+        "max_s": max(timing.times),
+        "times_s": timing.times,
+    }
+
+
+def split_fields(stats: Sequence[bf.Stats]) -> dict[str, Any]:
+    """A results row's fields for batchfold's record / schedule / execute split.
+
+    Medians over the timed calls' statistics; ``execute_s`` is the forward's execution, and
+    the graph's sizes are those of the last call.
+    """
+    return {
+        "record_s": statistics.median(s.record_s for s in stats),
+        "record_us_per_node": 1e6 * statistics.median(s.record_s / s.nodes for s in stats),
+        "schedule_s": statistics.median(s.schedule_s for s in stats),
+        "execute_s": statistics.median(s.execute_s for s in stats),
+        "nodes": stats[-1].nodes,
+        "steps": stats[-1].steps,
+        "mean_batch": stats[-1].mean_batch,
+        "fallbacks": stats[-1].fallbacks,
+    }
 
 
 def synchronize() -> None:

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import statistics
 import tempfile
@@ -54,8 +53,7 @@ from typing import Any
 import numpy as np
 import torch
 
-import batchfold as bf
-from baselines import Timing, time_training
+from baselines import Timing, split_fields, time_training, timing_fields
 from batchfold.data.trees import BinaryTree, random_tree
 from batchfold.models.tree_lstm import FoldBenchmarkCell
 from batchfold.schedule import Scheduler
@@ -73,9 +71,9 @@ from fold_systems import (
     make_batch,
     naive_runner,
 )
-from machine import describe_machine, markdown_table
+from machine import describe_machine, markdown_table, split_percent, split_progress, spread
 from memory import PeakMemory
-from peer_runner import PeerUnavailable, run_peer, write_trees
+from peer_runner import PeerUnavailable, loss_agreement, run_peer, write_trees
 from roofline import MatmulRates, flops_fields, roofline
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -212,45 +210,21 @@ def measure(
         runner.stats.clear()
     with PeakMemory() as peak:
         timing = time_training(runner, batches, sgd, warmup=1, repeats=repeats)
-    row = timing_fields(timing)
+    row = fold_timing_fields(timing)
     row.update(peak.as_dict())
     if isinstance(runner, RecordingRunner):
-        row.update(split_fields(runner.stats[1:], timing.times))
+        stats = runner.stats[1:]
+        row.update(split_fields(stats))
+        # What Fold's script timed: the step without recording and scheduling.
+        row["without_record_schedule_s"] = statistics.median(
+            t - s.record_s - s.schedule_s for s, t in zip(stats, timing.times, strict=True)
+        )
     return row
 
 
-def timing_fields(timing: Timing) -> dict[str, Any]:
-    """Median, spread and per-tree time of a timing."""
-    return {
-        "median_s": timing.median_s,
-        "times_s": timing.times,
-        "min_s": min(timing.times),
-        "max_s": max(timing.times),
-        "ms_per_tree": 1e3 * timing.median_s / timing.batch_size,
-        "trees_per_s": timing.trees_per_s,
-    }
-
-
-def split_fields(stats: list[bf.Stats], times: list[float]) -> dict[str, Any]:
-    """batchfold's record / schedule / execute split (medians over the timed steps).
-
-    ``execute_s`` is the forward's execution; the rest of a step (backward, optimizer) is
-    ``median_s - record_s - schedule_s - execute_s``. ``without_record_schedule_s`` is the
-    median step time less recording and scheduling: what Fold's script timed.
-    """
-    return {
-        "record_s": statistics.median(s.record_s for s in stats),
-        "record_us_per_node": 1e6 * statistics.median(s.record_s / s.nodes for s in stats),
-        "schedule_s": statistics.median(s.schedule_s for s in stats),
-        "execute_s": statistics.median(s.execute_s for s in stats),
-        "without_record_schedule_s": statistics.median(
-            t - s.record_s - s.schedule_s for s, t in zip(stats, times, strict=True)
-        ),
-        "nodes": stats[-1].nodes,
-        "steps": stats[-1].steps,
-        "mean_batch": stats[-1].mean_batch,
-        "fallbacks": stats[-1].fallbacks,
-    }
+def fold_timing_fields(timing: Timing) -> dict[str, Any]:
+    """A timing's row fields (``baselines.timing_fields``) with Fold's time per tree."""
+    return {**timing_fields(timing), "ms_per_tree": 1e3 * timing.median_s / timing.batch_size}
 
 
 def write_weights(cell: FoldBenchmarkCell, path: Path) -> Path:
@@ -291,12 +265,7 @@ def check_dynet(cell: FoldBenchmarkCell, weights: Path, scratch: Path) -> str:
         return f"dynet: {error}" if "not installed" in str(error) else f"dynet check: {error}"
     with torch.no_grad():
         expected = float(naive_runner(cell)(trees))
-    agree = math.isclose(line["loss"], expected, rel_tol=1e-4)
-    return (
-        f"dynet, state {cell.d}: loss of 4 trees at the shared initial weights "
-        f"{line['loss']:.6g} vs batchfold's naive run {expected:.6g}: "
-        + ("they agree" if agree else "THEY DIFFER")
-    )
+    return f"dynet, state {cell.d}: " + loss_agreement(line["loss"], expected, len(trees))
 
 
 def dynet_rows(
@@ -339,12 +308,7 @@ def dynet_rows(
                 "mode": mode,
                 "system": label,
                 "batch_size": size,
-                "median_s": line["median_s"],
-                "times_s": line["times_s"],
-                "min_s": min(line["times_s"]),
-                "max_s": max(line["times_s"]),
-                "ms_per_tree": line["ms_per_tree"],
-                "trees_per_s": size / line["median_s"],
+                **fold_timing_fields(Timing(line["times_s"], size)),
                 "peak_mb": line["peak_mb"],
                 "resident_peak_mb": line["resident_peak_mb"],
                 "peak_method": line["peak_method"],
@@ -358,16 +322,10 @@ def dynet_rows(
 
 def format_row(r: dict[str, Any]) -> str:
     """A progress line."""
-    extra = ""
-    if "record_s" in r:
-        extra = (
-            f"  record {r['record_s']:.3f}s schedule {r['schedule_s']:.3f}s "
-            f"execute(forward) {r['execute_s']:.3f}s, {r['record_us_per_node']:.1f} us/node"
-        )
     return (
         f"state {r['state']:>4d} {r['mode']:>12s} b={r['batch_size']:<4d} {r['system']:<24s} "
         f"{r['ms_per_tree']:9.2f} ms/tree  peak {r['peak_mb']:7.1f} MB  "
-        f"{100 * r['flops_fraction']:4.0f}% of matmul FLOP/s{extra}"
+        f"{100 * r['flops_fraction']:4.0f}% of matmul FLOP/s{split_progress(r)}"
     )
 
 
@@ -398,12 +356,8 @@ def summary(results: dict[str, Any]) -> str:
             ratio = (
                 r["ms_per_tree"] / manual[r["batch_size"]] if r["batch_size"] in manual else None
             )
-            split = no_rs = per_node = ""
+            no_rs = per_node = ""
             if "record_s" in r:
-                total = r["median_s"]
-                split = " / ".join(
-                    f"{100 * r[k] / total:.0f}" for k in ("record_s", "schedule_s", "execute_s")
-                )
                 no_rs = f"{1e3 * r['without_record_schedule_s'] / r['batch_size']:.2f}"
                 per_node = f"{r['record_us_per_node']:.1f}"
             table.append(
@@ -412,12 +366,12 @@ def summary(results: dict[str, Any]) -> str:
                     r["mode"],
                     r["system"],
                     f"{r['ms_per_tree']:.2f}",
-                    _spread(r),
+                    spread(r),
                     "" if ratio is None else f"{ratio:.2f}",
                     "" if base is None else f"{base / r['ms_per_tree']:.1f}x",
                     f"{100 * r['flops_fraction']:.0f}%",
                     f"{r['peak_mb']:.0f}",
-                    split,
+                    split_percent(r),
                     no_rs,
                     per_node,
                 ]
@@ -441,13 +395,6 @@ def summary(results: dict[str, Any]) -> str:
     if results["notes"]:
         parts.append("\n" + "\n".join(f"- {note}" for note in results["notes"]) + "\n")
     return "\n".join(parts)
-
-
-def _spread(r: dict[str, Any]) -> str:
-    """(max - min) / median of the timed steps, or n/a for a single one."""
-    if len(r["times_s"]) < 2:
-        return "n/a"
-    return f"{100 * (r['max_s'] - r['min_s']) / r['median_s']:.0f}%"
 
 
 def main(argv: Sequence[str] | None = None) -> None:

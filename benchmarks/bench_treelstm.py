@@ -34,9 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
-import statistics
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -48,7 +46,14 @@ import numpy as np
 import torch
 
 import batchfold as bf
-from baselines import Timing, make_batches, time_inference, time_training
+from baselines import (
+    Timing,
+    make_batches,
+    split_fields,
+    time_inference,
+    time_training,
+    timing_fields,
+)
 from batchfold import blocks
 from batchfold.data.paths import find_data
 from batchfold.data.trees import BinaryTree, complete_tree
@@ -61,9 +66,9 @@ from batchfold.models.tree_lstm import (
 )
 from batchfold.models.tree_lstm_blocks import tree_lstm_blocks
 from batchfold.schedule import Scheduler
-from machine import describe_machine, markdown_table
+from machine import describe_machine, markdown_table, split_percent, split_progress, spread
 from memory import PeakMemory
-from peer_runner import PeerUnavailable, run_peer, write_trees
+from peer_runner import PeerUnavailable, loss_agreement, run_peer, write_trees
 from roofline import Matmul, MatmulRates, flops_fields, roofline
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -359,29 +364,8 @@ def measure(
     row = timing_fields(timing)
     row.update(peak.as_dict())
     if isinstance(runner, RecordingRunner) and runner.stats:
-        stats = runner.stats[warmup:]
-        row.update(
-            record_s=statistics.median(s.record_s for s in stats),
-            record_us_per_node=1e6 * statistics.median(s.record_s / s.nodes for s in stats),
-            schedule_s=statistics.median(s.schedule_s for s in stats),
-            execute_s=statistics.median(s.execute_s for s in stats),
-            nodes=stats[-1].nodes,
-            steps=stats[-1].steps,
-            mean_batch=stats[-1].mean_batch,
-            fallbacks=stats[-1].fallbacks,
-        )
+        row.update(split_fields(runner.stats[warmup:]))
     return row
-
-
-def timing_fields(timing: Timing) -> dict[str, Any]:
-    """Median, spread and throughput of a timing."""
-    return {
-        "trees_per_s": timing.trees_per_s,
-        "median_s": timing.median_s,
-        "min_s": min(timing.times),
-        "max_s": max(timing.times),
-        "times_s": timing.times,
-    }
 
 
 def write_weights(model: TreeLSTMClassifier, path: Path) -> Path:
@@ -447,8 +431,7 @@ def peer_rows(
             where = env if "not installed" in str(error) else f"{system}, {workload.name}, b={size}"
             out.append({"error": f"{where}: {error}"})
             continue
-        key = "train" if mode == "training" else "infer"
-        per_pass = line[f"{key}_times_s"]
+        per_pass = line["train_times_s" if mode == "training" else "infer_times_s"]
         steps = line["trees_per_pass"] / size
         times = [t / steps for t in per_pass]  # seconds per step of `size` trees
         out.append(
@@ -457,11 +440,7 @@ def peer_rows(
                 "mode": mode,
                 "batch_size": size,
                 "system": system,
-                "trees_per_s": line[f"{key}_trees_per_s"],
-                "median_s": statistics.median(times),
-                "min_s": min(times),
-                "max_s": max(times),
-                "times_s": times,
+                **timing_fields(Timing(times, size)),
                 "peak_mb": line["peak_mb"],
                 "resident_peak_mb": line["resident_peak_mb"],
                 "peak_method": line["peak_method"],
@@ -489,27 +468,18 @@ def check_peers(
         except PeerUnavailable as error:
             notes.append(f"{env}: {error}")
             continue
-        agree = math.isclose(line["loss"], expected, rel_tol=1e-4)
         notes.append(
-            f"{env}, {workload.name}: loss of 4 trees at the shared initial weights "
-            f"{line['loss']:.6g} vs batchfold's naive run {expected:.6g}: "
-            + ("they agree" if agree else "THEY DIFFER")
+            f"{env}, {workload.name}: " + loss_agreement(line["loss"], expected, len(trees))
         )
     return notes
 
 
 def format_row(r: dict[str, Any]) -> str:
     """A progress line."""
-    extra = ""
-    if "record_s" in r:
-        extra = (
-            f"  record {r['record_s']:.3f}s schedule {r['schedule_s']:.3f}s "
-            f"execute(forward) {r['execute_s']:.3f}s, {r['record_us_per_node']:.1f} us/node"
-        )
     return (
         f"{r['workload']:>20s} {r['mode']:>9s} b={r['batch_size']:<4d} {r['system']:<30s} "
         f"{r['trees_per_s']:9.1f} trees/s  peak {r['peak_mb']:7.1f} MB  "
-        f"{100 * r['flops_fraction']:4.0f}% of matmul FLOP/s{extra}"
+        f"{100 * r['flops_fraction']:4.0f}% of matmul FLOP/s{split_progress(r)}"
     )
 
 
@@ -522,13 +492,7 @@ def summary(results: dict[str, Any]) -> str:
         key = (r["workload"], r["mode"], r["batch_size"])
         naive = base.get((*key, "naive per-tree"))
         hand = base.get((*key, "hand-written level batching"))
-        split = per_node = ""
-        if "record_s" in r:
-            total = r["median_s"]
-            split = " / ".join(
-                f"{100 * r[k] / total:.0f}" for k in ("record_s", "schedule_s", "execute_s")
-            )
-            per_node = f"{r['record_us_per_node']:.1f}"
+        per_node = f"{r['record_us_per_node']:.1f}" if "record_s" in r else ""
         table.append(
             [
                 r["workload"],
@@ -536,12 +500,12 @@ def summary(results: dict[str, Any]) -> str:
                 r["batch_size"],
                 r["system"],
                 f"{r['trees_per_s']:.1f}",
-                _spread(r),
+                spread(r),
                 f"{r['trees_per_s'] / naive['trees_per_s']:.1f}x" if naive else "",
                 f"{r['trees_per_s'] / hand['trees_per_s']:.2f}x" if hand else "",
                 f"{100 * r['flops_fraction']:.0f}%",
                 f"{r['peak_mb']:.0f}",
-                split,
+                split_percent(r),
                 per_node,
             ]
         )
@@ -571,13 +535,6 @@ def summary(results: dict[str, Any]) -> str:
         "run the same model as compiled blocks. Record us/node: recording time per graph "
         "node.\n\n" + markdown_table(head, table) + ("\n\n" + notes if notes else "\n")
     )
-
-
-def _spread(r: dict[str, Any]) -> str:
-    """(max - min) / median of the timed steps, or n/a for a single one."""
-    if len(r["times_s"]) < 2:
-        return "n/a"
-    return f"{100 * (r['max_s'] - r['min_s']) / r['median_s']:.0f}%"
 
 
 def main(argv: Sequence[str] | None = None) -> None:

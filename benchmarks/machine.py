@@ -1,4 +1,4 @@
-"""What a benchmark ran on, and a markdown table writer shared by the benchmark scripts."""
+"""What a benchmark ran on, and the report formatting shared by the benchmark scripts."""
 
 from __future__ import annotations
 
@@ -62,3 +62,28 @@ def markdown_table(head: list[str], rows: list[list[Any]]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def spread(row: dict[str, Any]) -> str:
+    """(max - min) / median of a row's timed steps, or n/a for a single one."""
+    if len(row["times_s"]) < 2:
+        return "n/a"
+    return f"{100 * (row['max_s'] - row['min_s']) / row['median_s']:.0f}%"
+
+
+def split_percent(row: dict[str, Any]) -> str:
+    """batchfold's record / schedule / execute shares of a row's step, in %; "" for others."""
+    if "record_s" not in row:
+        return ""
+    keys = ("record_s", "schedule_s", "execute_s")
+    return " / ".join(f"{100 * row[k] / row['median_s']:.0f}" for k in keys)
+
+
+def split_progress(row: dict[str, Any]) -> str:
+    """batchfold's split of a row for a progress line; "" for other systems."""
+    if "record_s" not in row:
+        return ""
+    return (
+        f"  record {row['record_s']:.3f}s schedule {row['schedule_s']:.3f}s "
+        f"execute(forward) {row['execute_s']:.3f}s, {row['record_us_per_node']:.1f} us/node"
+    )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import subprocess
 from collections.abc import Sequence
@@ -100,6 +101,15 @@ def run_peer(peer: str, script: str, args: Sequence[str], timeout: float = 3600)
         last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
         raise PeerUnavailable(f"{peer} {script} failed: {last}")
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def loss_agreement(peer_loss: float, expected: float, n_trees: int) -> str:
+    """How a peer's loss at the shared initial weights compares with batchfold's naive run."""
+    agree = math.isclose(peer_loss, expected, rel_tol=1e-4)
+    return (
+        f"loss of {n_trees} trees at the shared initial weights {peer_loss:.6g} vs batchfold's "
+        f"naive run {expected:.6g}: " + ("they agree" if agree else "THEY DIFFER")
+    )
 
 
 def nested(tree: BinaryTree) -> tuple[Any, Any]:

@@ -16,8 +16,8 @@ one JSON file (the machine, thread count, library and peer versions, commit, dat
 configuration's median, spread, peak memory, FLOP/s fraction and batchfold's time split), a
 markdown report that opens with the issue's targets, and PNG plots.
 
-    python benchmarks/run_suite.py --quick     # make bench: a few minutes on 2 idle cores
-    python benchmarks/run_suite.py             # make bench-full: about two hours
+    python benchmarks/run_suite.py --quick     # make bench
+    python benchmarks/run_suite.py             # make bench-full
 """
 
 from __future__ import annotations

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -42,10 +41,10 @@ sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 import treeio  # noqa: E402
+from dynet_modes import MODE_NAMES, run_each_mode, start_dynet  # noqa: E402
 
 import memory  # noqa: E402  (benchmarks/memory.py, standard library only)
 
-MODE_NAMES = {0: "none", 1: "agenda", 2: "depth"}
 WEIGHTS = ("embedding", "hidden_W", "hidden_b", "gate_W", "gate_b")
 
 
@@ -131,17 +130,7 @@ def load_fold_weights(path):
 
 
 def run_mode(args, mode: int) -> None:
-    import dynet_config
-
-    dynet_config.set(mem=str(args.mem), autobatch=mode, random_seed=1)
-    import dynet as dy
-
-    try:
-        from importlib.metadata import version
-
-        dy_version = version("dyNET38")
-    except Exception:
-        dy_version = "unknown"
+    dy, dy_version = start_dynet(args.mem, mode)
 
     trees = treeio.load_trees(args.trees)
     weights = load_fold_weights(args.weights)
@@ -192,21 +181,7 @@ def run_mode(args, mode: int) -> None:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    modes = treeio.parse_int_list(args.autobatch)
-    for m in modes:
-        if m not in MODE_NAMES:
-            raise SystemExit(f"unknown autobatch mode {m} (0 none, 1 agenda, 2 depth)")
-    if len(modes) == 1:
-        run_mode(args, modes[0])
-        return 0
-    # DyNet reads its configuration once per process: one child per mode.
-    rc = 0
-    for m in modes:
-        r = subprocess.run(
-            [sys.executable, os.path.abspath(__file__), *argv, "--autobatch", str(m)]
-        )
-        rc = rc or r.returncode
-    return rc
+    return run_each_mode(__file__, argv, args.autobatch, lambda mode: run_mode(args, mode))
 
 
 if __name__ == "__main__":
