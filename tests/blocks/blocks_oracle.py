@@ -9,6 +9,7 @@ import torch
 
 from batchfold.blocks import Block, SequenceBatch, compile
 from batchfold.schedule import Scheduler
+from reference import loss_of
 
 
 def per_instance(batched: Any, count: int) -> list[Any]:
@@ -22,24 +23,6 @@ def per_instance(batched: Any, count: int) -> list[Any]:
         parts = [per_instance(item, count) for item in batched]
         return [tuple(part[i] for part in parts) for i in range(count)]
     return list(batched.unbind(0))
-
-
-def flat(tree: Any) -> list[torch.Tensor]:
-    """Every tensor of a nested structure, in order."""
-    if isinstance(tree, torch.Tensor):
-        return [tree]
-    if isinstance(tree, (list, tuple)):
-        return [t for item in tree for t in flat(item)]
-    return []
-
-
-def loss_of(results: Sequence[Any]) -> torch.Tensor:
-    """A scalar depending on every floating output, with a different weight on each."""
-    total = torch.zeros((), dtype=torch.float64)
-    for i, t in enumerate(t for r in results for t in flat(r)):
-        if t.is_floating_point():
-            total = total + (t.double() * (1.0 + 0.1 * (i % 7))).sin().sum()
-    return total
 
 
 def assert_close_structures(got: Any, want: Any, rtol: float) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 import torch
@@ -136,3 +137,20 @@ def test_bad_python_inputs_name_the_block_the_path_and_the_input():
         keyed([("b", 1.0)])
     with pytest.raises(BlockInputError, match=r"cannot read field 'x': KeyError"):
         compile(Record({"x": Scalar(F32)}))([{"y": 1.0}])
+
+
+def test_an_error_raised_while_recording_notes_the_input():
+    def check(x: Any) -> Any:
+        if x == -1.0:
+            raise ArithmeticError("negative")
+        return x
+
+    model = compile(InputTransform(check) >> Scalar(F32))
+    with pytest.raises(ArithmeticError) as error:
+        model([1.0, -1.0])
+    assert getattr(error.value, "__notes__", None) == [
+        "(raised while recording input 1 of the batch)"
+    ]
+    with pytest.raises(BlockInputError) as bad:  # names its input already: no note
+        model(["a"])
+    assert not hasattr(bad.value, "__notes__")

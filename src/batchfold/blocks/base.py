@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch import nn
 
-from ..graph import Graph, Signature, TensorMeta
+from ..graph import Graph, Signature, Slot, TensorMeta
 from ..ops import OpRule
 from .types import (
     BlockInputError,
@@ -435,8 +435,6 @@ def void_or(t: Type) -> bool:
 
 def tensor_template(t: Type, counter: list[int]) -> Any:
     """The argument structure of a tensor (tuple) type with a ``Slot`` per tensor, in order."""
-    from ..graph import Slot
-
     if isinstance(t, TensorType):
         counter[0] += 1
         return Slot(counter[0] - 1)

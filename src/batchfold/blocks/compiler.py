@@ -26,6 +26,7 @@ from ..schedule import Plan, Scheduler, Step, schedule
 from ..stats import Stats
 from .base import Block, Identity, OpSpec, Specializer, Tape, convert_to_block, deep_recursion
 from .combinators import Record, Void
+from .function import device_of
 from .plan import (
     BlockPlan,
     OutputLeaf,
@@ -179,11 +180,7 @@ class CompiledModel(nn.Module):
     @property
     def device(self) -> torch.device:
         """Where the model's parameters (or buffers) live; CPU when it has none."""
-        for tensor in self.parameters():
-            return tensor.device
-        for tensor in self.buffers():
-            return tensor.device
-        return torch.device("cpu")
+        return device_of([self])
 
     def tensor_for(self, tensor: torch.Tensor) -> torch.Tensor:
         """The model's current copy of a ``FromTensor`` tensor (buffers move with ``.to``)."""
@@ -205,9 +202,11 @@ class CompiledModel(nn.Module):
                     try:
                         outs.append(walk(tape, x))
                     except Exception as error:
-                        add_note = getattr(error, "add_note", None)  # Python 3.11+
-                        if add_note is not None and not isinstance(error, BlockInputError):
-                            add_note(f"(raised while recording input {index} of the batch)")
+                        if not isinstance(error, BlockInputError):  # that one names the input
+                            # what BaseException.add_note does on 3.11+ (notes print under it)
+                            note = f"(raised while recording input {index} of the batch)"
+                            notes = [*getattr(error, "__notes__", []), note]
+                            setattr(error, "__notes__", notes)  # noqa: B010
                         raise
         finally:
             if collecting:

@@ -37,7 +37,8 @@ def modules_of(fn: Any) -> list[nn.Module]:
     return [owner] if isinstance(owner, nn.Module) else []
 
 
-def _device_of(modules: list[nn.Module]) -> torch.device:
+def device_of(modules: list[nn.Module]) -> torch.device:
+    """Where the first parameter (or buffer) of ``modules`` lives; CPU when they have none."""
     for module in modules:
         for tensor in module.parameters():
             return tensor.device
@@ -63,6 +64,12 @@ def _type_of(out: Any, batch: int | None) -> Type:
     if out.dim() == 0 or out.shape[0] != batch:
         raise TypeError(f"it returned shape {tuple(out.shape)} for a batch of {batch}")
     return TensorType(tuple(out.shape[1:]), out.dtype)
+
+
+def _call_args(in_type: Type) -> Any:
+    """The positional arguments of a call on ``in_type``: one per tuple item, a ``Slot`` each."""
+    template = tensor_template(in_type, [0])
+    return (template,) if isinstance(in_type, TensorType) else template
 
 
 class Function(Block):
@@ -116,8 +123,7 @@ class Function(Block):
         out = self._out_type(in_type, path)
         for module in self.modules:
             ctx.module(module)
-        template = tensor_template(in_type, [0])
-        args = (template,) if isinstance(in_type, TensorType) else template
+        args = _call_args(in_type)
         ins, outs = flat_tensor_types(in_type), flat_tensor_types(out)
         if self.per_instance:
             return Walker(out, _per_instance_walk(self.fn, args, ins, outs, out, self, path))
@@ -146,14 +152,13 @@ class Function(Block):
     def _trial(self, in_type: Type, path: str) -> Type:
         """Call ``fn`` on zeros of ``in_type`` to learn its output type."""
         batch = None if self.per_instance else 2
-        device = _device_of(self.modules)
+        device = device_of(self.modules)
         lead = () if batch is None else (batch,)
         zeros = [
             torch.zeros((*lead, *t.shape), dtype=t.dtype, device=device)
             for t in flat_tensor_types(in_type)
         ]
-        template = tensor_template(in_type, [0])
-        args = (template,) if isinstance(in_type, TensorType) else template
+        args = _call_args(in_type)
         try:
             with ExitStack() as stack:
                 stack.enter_context(torch._C.DisableTorchFunction())
@@ -275,6 +280,7 @@ def _per_instance_walk(
 
 __all__ = [
     "Function",
+    "device_of",
     "flatten_values",
     "modules_of",
 ]

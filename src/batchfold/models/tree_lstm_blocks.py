@@ -57,11 +57,6 @@ def node_view(node: Tree | BinaryTree) -> NodeView:
     raise TypeError(f"expected an SST Tree or a BinaryTree node, got {type(node).__name__}")
 
 
-def _node_losses(logits: Tensor, labels: Tensor) -> Tensor:
-    """Each node's cross-entropy: ``[n, classes]``, ``[n]`` -> ``[n]``."""
-    return F.cross_entropy(logits, labels, reduction="none")
-
-
 def _internal(cell: BinaryTreeLSTMCell) -> Function:
     """The cell on the children's states ``((h_l, c_l), (h_r, c_r))``."""
 
@@ -119,7 +114,7 @@ def tree_lstm_blocks(
 
     def head(h: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
         logits = model(h)
-        return logits, _node_losses(logits, labels)
+        return logits, F.cross_entropy(logits, labels, reduction="none")  # one loss per node
 
     # one graph node per leaf and one per output: fewer nodes to record and schedule
     leaf = (
