@@ -11,6 +11,7 @@ import torch
 
 import batchfold as bf
 from batchfold.schedule import Scheduler
+from reference import assert_matches_eager
 
 
 def complete(depth: int) -> Any:
@@ -113,6 +114,27 @@ def test_contiguous_inputs_are_views() -> None:
     sigmoid, tanh = stats.plan.steps[-2:]
     assert [len(part) for part in tanh.gathers[0].parts] == [4]  # (step, output, start, stop)
     assert tanh.gathers[0].order is None and sigmoid.sig.name == "sigmoid"
+
+
+@pytest.mark.parametrize("scheduler", ["agenda", "depth"])
+def test_an_output_read_by_several_steps_is_gathered_once(
+    scheduler: Scheduler, float64: None
+) -> None:
+    lin = torch.nn.Linear(3, 3)
+
+    def fn(x: list[float]) -> torch.Tensor:
+        h = torch.tanh(lin(torch.tensor(x)))  # read by three different steps below
+        return torch.sigmoid(h) + torch.exp(h) * torch.sin(2 * h)
+
+    xs = [[1.0, 2.0, 3.0], [0.5, -1.0, 2.0], [0.0, 0.1, -0.2]]
+    stats = assert_matches_eager(fn, xs, lin, scheduler)
+    assert stats.plan is not None
+    steps = stats.plan.steps
+    tanh = next(step for step in steps if step.sig.name == "tanh")
+    assert [(f.output, f.sizes) for f in tanh.fanouts] == [(0, (3, 3, 3))]
+    reads = [p for s in steps for g in s.gathers for p in g.parts if p[0] == tanh.index]
+    assert sorted(p[2] for p in reads) == [0, 1, 2]  # each reader takes its own chunk
+    assert all(not step.fanouts for step in steps if step is not tanh)
 
 
 def test_graph_lint_and_text() -> None:

@@ -30,6 +30,7 @@ class Store:
         self.node_step = np.zeros(0, dtype=np.int64)
         self.node_row = np.zeros(0, dtype=np.int64)
         self.fallbacks: Counter[str] = Counter()
+        self.chunks: dict[tuple[int, int], tuple[Tensor, ...]] = {}  # (step, output) -> fanout
 
     @property
     def locations(self) -> tuple[np.ndarray, np.ndarray]:
@@ -64,7 +65,13 @@ class Store:
     def run(self, plan: Plan) -> None:
         """Run every step of ``plan`` and record where the segment's nodes landed."""
         for step in plan.steps:
-            self.outputs.append(self._run_step(step))
+            outs = self._run_step(step)
+            self.outputs.append(outs)
+            for fanout in step.fanouts:
+                out = outs[fanout.output]
+                if fanout.rows is not None:
+                    out = out.index_select(0, torch.from_numpy(fanout.rows).to(out.device))
+                self.chunks[step.index, fanout.output] = out.split(fanout.sizes)
         self.node_step = np.concatenate([self.node_step, plan.node_step])
         self.node_row = np.concatenate([self.node_row, plan.node_row])
 
@@ -103,6 +110,8 @@ class Store:
             source = outputs[part[1]]
             if len(part) == 4:
                 pieces.append(source[part[2] : part[3]])
+            elif type(part[2]) is int:
+                pieces.append(self.chunks[part[0], part[1]][part[2]])
             else:
                 rows = torch.from_numpy(part[2]).to(source.device, non_blocking=True)
                 pieces.append(source.index_select(0, rows))

@@ -9,7 +9,7 @@ for every input of every step, where its rows come from; ``execute`` runs it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -28,19 +28,38 @@ class Gather:
     the step's row order. A single slice part is a view: nothing is copied.
     """
 
-    parts: tuple[tuple[int, int, int, int] | tuple[int, int, np.ndarray], ...]
+    parts: tuple[tuple[int, int, int, int] | tuple[int, int, np.ndarray | int], ...]
     order: np.ndarray | None = None
 
 
 @dataclass(frozen=True, slots=True)
+class Fanout:
+    """One step output handed to all the gathers of its plan that read it, at once.
+
+    ``rows`` (every row those gathers read, reader after reader; ``None`` when that is each
+    row once, in order) is gathered in one call and split into chunks of ``sizes``; a reader's
+    part ``(step, output, j)`` is chunk ``j``. The backward pass then does work in proportion
+    to the output once, where k separate gathers would each add an output-sized gradient.
+    """
+
+    output: int
+    rows: np.ndarray | None
+    sizes: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Step:
-    """One batched call: ``sig``'s op over ``nodes`` (row i of the output is ``nodes[i]``)."""
+    """One batched call: ``sig``'s op over ``nodes`` (row i of the output is ``nodes[i]``).
+
+    ``fanouts`` say which outputs are split for their readers right after the call.
+    """
 
     index: int
     sig: Signature
     nodes: np.ndarray  # [n] global node ids
     positions: np.ndarray  # [n] each node's position in sig.nodes (for inputs and payloads)
     gathers: tuple[Gather, ...]
+    fanouts: tuple[Fanout, ...] = ()
 
     def __str__(self) -> str:
         sources = sorted({part[0] for g in self.gathers for part in g.parts})
@@ -239,7 +258,49 @@ def _build(
         node_row[group] = np.arange(len(group))
         gathers = tuple(_gather(*locate(column), column & OUT_MASK) for column in table.T)
         steps.append(Step(first_step + i, sig, group + base, positions[group], gathers))
-    return Plan(steps, base, node_step, node_row)
+    return Plan(_fan_out(steps, first_step), base, node_step, node_row)
+
+
+def _fan_out(steps: list[Step], first_step: int) -> list[Step]:
+    """Read every step output that several gathers of the plan read through one ``Fanout``."""
+    readers: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
+    for s, step in enumerate(steps):
+        for g, gather in enumerate(step.gathers):
+            for p, part in enumerate(gather.parts):
+                if part[0] >= first_step:
+                    readers.setdefault((part[0], part[1]), []).append((s, g, p))
+    parts = [[list(gather.parts) for gather in step.gathers] for step in steps]
+    fanouts: dict[int, list[Fanout]] = {}
+    for (source, output), reads in readers.items():
+        if len(reads) < 2:
+            continue
+        rows = [_rows(parts[s][g][p]) for s, g, p in reads]
+        every = np.concatenate(rows)
+        n = len(steps[source - first_step].nodes)
+        in_order = len(every) == n and bool(np.all(every == np.arange(n)))
+        fanout = Fanout(output, None if in_order else every, tuple(len(r) for r in rows))
+        fanouts.setdefault(source - first_step, []).append(fanout)
+        for j, (s, g, p) in enumerate(reads):
+            parts[s][g][p] = (source, output, j)
+    return [
+        replace(
+            step,
+            gathers=tuple(
+                Gather(tuple(new), gather.order)
+                for new, gather in zip(parts[s], step.gathers, strict=True)
+            ),
+            fanouts=tuple(fanouts.get(s, ())),
+        )
+        for s, step in enumerate(steps)
+    ]
+
+
+def _rows(part: tuple[int, int, int, int] | tuple[int, int, np.ndarray | int]) -> np.ndarray:
+    """The rows a slice or index part reads."""
+    if len(part) == 4:
+        return np.arange(part[2], part[3])
+    assert isinstance(part[2], np.ndarray)
+    return part[2]
 
 
 def _gather(step: np.ndarray, row: np.ndarray, out: np.ndarray) -> Gather:

@@ -260,7 +260,7 @@ class CompiledModel(nn.Module):
             payloads = None
             if spec.source in ("scalar", "tensor"):
                 payloads = [step.sig.payloads[p] for p in step.positions]
-            steps.append(PlanStep(index, step.nodes, step.gathers, payloads))
+            steps.append(PlanStep(index, step.nodes, step.gathers, payloads, None, step.fanouts))
         ids: list[list[int]] = [[] for _ in self._leaves]
         lengths: list[list[int]] = [[] for _ in self._leaves]
         for out in outs:
@@ -296,7 +296,7 @@ class CompiledModel(nn.Module):
                 sig = made.get(part.spec)
                 if sig is None:
                     sig = made[part.spec] = spec.signature(part.spec, key, device, None)
-                steps.append(Step(i, sig, part.nodes, part.nodes, part.gathers))
+                steps.append(Step(i, sig, part.nodes, part.nodes, part.gathers, part.fanouts))
                 continue
             sig = spec.signature(part.spec, key, device, None)
             count = len(part.nodes)
@@ -307,7 +307,7 @@ class CompiledModel(nn.Module):
                 sig.payloads = part.payloads
                 if spec.source == "tensor" and part.payloads[0].device != device:
                     sig.payloads = list(torch.stack(part.payloads).to(device).unbind(0))
-            steps.append(Step(i, sig, part.nodes, np.arange(count), part.gathers))
+            steps.append(Step(i, sig, part.nodes, np.arange(count), part.gathers, part.fanouts))
         return Plan(steps, 0, plan.node_step, plan.node_row)
 
     def run(self, plan: BlockPlan) -> tuple[Any, dict[str, torch.Tensor]]:

@@ -16,7 +16,7 @@ import torch
 
 from ..execute import Store
 from ..graph import OUT_BITS, OUT_MASK
-from ..schedule import Gather, Step
+from ..schedule import Fanout, Gather, Step
 from .base import Block
 from .sequences import Repeat
 from .types import (
@@ -49,6 +49,7 @@ class PlanStep(NamedTuple):
 
     ``local`` holds the engine step itself for nodes that per-instance lazy code recorded
     (``Function(..., per_instance=True)``); such plans run only where they were made.
+    ``fanouts`` are the engine step's (see :class:`~batchfold.schedule.Fanout`).
     """
 
     spec: int
@@ -56,6 +57,7 @@ class PlanStep(NamedTuple):
     gathers: tuple[Gather, ...]
     payloads: list[Any] | None
     local: Step | None = None
+    fanouts: tuple[Fanout, ...] = ()
 
 
 @dataclass
