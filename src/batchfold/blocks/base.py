@@ -33,6 +33,7 @@ from .types import (
 
 if TYPE_CHECKING:
     from ..lazy import Recorder
+    from .codegen import Emit, Emitter, Symbol
 
 Walk = Callable[["Tape", Any], Any]
 SourceKind = Literal["scalar", "tensor", "constant"]
@@ -104,12 +105,15 @@ class OpSpec:
 
 
 class Walker:
-    """A block specialised to one input type: its output type and its ``walk(tape, x)``."""
+    """A block specialised to one input type: its output type and its ``walk(tape, x)``.
 
-    __slots__ = ("out_type", "walk")
+    ``emit``, when set, writes the same walk as inlined Python (see :mod:`.codegen`).
+    """
 
-    def __init__(self, out_type: Type, walk: Walk) -> None:
-        self.out_type, self.walk = out_type, walk
+    __slots__ = ("out_type", "walk", "emit")
+
+    def __init__(self, out_type: Type, walk: Walk, emit: Emit | None = None) -> None:
+        self.out_type, self.walk, self.emit = out_type, walk, emit
 
 
 class Specializer:
@@ -128,6 +132,7 @@ class Specializer:
         self.tensors: dict[int, torch.Tensor] = {}
         self.metrics: dict[str, tuple[TensorType, str]] = {}
         self.shared: dict[Any, OpSpec] = {}
+        self.forwards: list[tuple[Any, Walker, Walker]] = []  # (declaration, cell, target)
 
     def child(self, block: Block, in_type: Type, path: str) -> Walker:
         """The walker of ``block`` on ``in_type``; ``path`` says where the block sits."""
@@ -166,9 +171,14 @@ class Specializer:
                     verb="is",
                 )
             cell.walk = inner.walk
+            self.forwards.append((decl, cell, inner))
         else:
             cell = found[1]
-        return Walker(decl.output_type, lambda tape, x: cell.walk(tape, x))
+
+        def emit(em: Emitter, x: Symbol) -> Symbol:
+            return em.assign(f"{em.const(cell, 'c')}.walk(tape, {em.expr(x)})")
+
+        return Walker(decl.output_type, lambda tape, x: cell.walk(tape, x), emit)
 
     def spec(self, spec: OpSpec, share: Any = None) -> OpSpec:
         """Register one kind of node; returns it, or the spec already registered for ``share``.
@@ -312,7 +322,7 @@ class Identity(Block):
     """
 
     def _specialize(self, in_type: Type, ctx: Specializer, path: str) -> Walker:
-        return Walker(in_type, _identity)
+        return Walker(in_type, _identity, lambda em, x: x)
 
     def __repr__(self) -> str:
         return "Identity()"

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .base import Block, Specializer, Tape, Walker, convert_to_block
+from .codegen import Emitter, Symbol
 from .tensors import Zeros
 from .types import (
     BlockTypeError,
@@ -44,7 +45,7 @@ class Pipe(Block):
         self._check()
 
     def _specialize(self, in_type: Type, ctx: Specializer, path: str) -> Walker:
-        walks = []
+        walks, walkers = [], []
         t = in_type
         for i, block in enumerate(self.blocks):
             child = f"{path}[{i}]"
@@ -57,19 +58,26 @@ class Pipe(Block):
                     error.entries.append(path)  # the pipe's own input was refused
                 raise
             walks.append(walker.walk)
+            walkers.append(walker)
             t = walker.out_type
         if len(walks) == 1:
-            return Walker(t, walks[0])
+            return walkers[0]
+
+        def emit(em: Emitter, x: Symbol) -> Symbol:
+            for walker in walkers:
+                x = em.value(walker, x)
+            return x
+
         if len(walks) == 2:
             first, second = walks
-            return Walker(t, lambda tape, x: second(tape, first(tape, x)))
+            return Walker(t, lambda tape, x: second(tape, first(tape, x)), emit)
 
         def walk(tape: Tape, x: Any) -> Any:
             for step in walks:
                 x = step(tape, x)
             return x
 
-        return Walker(t, walk)
+        return Walker(t, walk, emit)
 
     def __repr__(self) -> str:
         return f"Pipe({', '.join(map(repr, self.blocks))})"
@@ -113,12 +121,30 @@ class Record(Block):
             shape = "a Python dict" if self.is_dict else f"a Python object or a tuple of {n}"
             raise BlockTypeError(self, path, shape, in_type)
         pairs = []
-        outs = []
+        walkers = []
         for key, child, t in zip(self.keys, self.children, item_types, strict=True):
             walker = ctx.child(child, t, f"{path}[{key!r}]")
             pairs.append((walker.walk, key))
-            outs.append(walker.out_type)
+            walkers.append(walker)
         block, check_len = self, isinstance(in_type, PyObjectType) and not self.is_dict
+        known = isinstance(in_type, TupleType)  # a tuple of values: its items need no checks
+
+        def fail_length(tape: Tape, x: Any) -> Exception:
+            return tape.fail(block, path, f"expected {n} fields, got {len(x)}")
+
+        def fail_field(tape: Tape, key: Any, error: BaseException) -> Exception:
+            return tape.fail(block, path, f"cannot read field {key!r}: {error!r}")
+
+        def emit(em: Emitter, x: Symbol) -> Symbol:
+            if known:
+                return tuple(em.value(w, em.item(x, i)) for i, w in enumerate(walkers))
+            if check_len:
+                with em.indented(f"if len({em.expr(x)}) != {n}:"):
+                    em.line(f"raise {em.const(fail_length, 'f')}(tape, {em.expr(x)})")
+            return tuple(
+                em.value(w, em.read(x, key, fail_field))
+                for key, w in zip(self.keys, walkers, strict=True)
+            )
 
         def walk(tape: Tape, x: Any) -> tuple[Any, ...]:
             if check_len and len(x) != n:
@@ -132,7 +158,7 @@ class Record(Block):
                 result.append(step(tape, item))
             return tuple(result)
 
-        return Walker(canonical(TupleType(*outs)), walk)
+        return Walker(canonical(TupleType(*[w.out_type for w in walkers])), walk, emit)
 
     def __repr__(self) -> str:
         if self.is_dict:
@@ -227,11 +253,12 @@ class OneOf(Block):
         self._check()
 
     def _specialize(self, in_type: Type, ctx: Specializer, path: str) -> Walker:
-        pre, t = None, in_type
+        pre, pre_walker, t = None, None, in_type
         if self.pre_block is not None:
-            walker = ctx.child(self.pre_block, in_type, f"{path}.pre_block")
-            pre, t = walker.walk, walker.out_type
+            pre_walker = ctx.child(self.pre_block, in_type, f"{path}.pre_block")
+            pre, t = pre_walker.walk, pre_walker.out_type
         table: dict[Any, Callable[[Tape, Any], Any]] = {}
+        cases: list[tuple[Any, Walker]] = []
         first: tuple[Any, Type, str] | None = None
         for key, case in self.cases.items():
             where = f"{path}.cases[{key!r}]"
@@ -248,18 +275,34 @@ class OneOf(Block):
                     hint="Every case of a OneOf must give the same type.",
                 )
             table[key] = walker.walk
+            cases.append((key, walker))
         assert first is not None
         key_fn, block = self.key_fn, self
+
+        def fail(tape: Tape, key: Any) -> Exception:
+            keys = ", ".join(map(repr, table))
+            return tape.fail(block, path, f"key {key!r} has no case (cases: {keys})")
 
         def walk(tape: Tape, x: Any) -> Any:
             key = key_fn(x)
             case = table.get(key)
             if case is None:
-                keys = ", ".join(map(repr, table))
-                raise tape.fail(block, path, f"key {key!r} has no case (cases: {keys})")
+                raise fail(tape, key)
             return case(tape, x if pre is None else pre(tape, x))
 
-        return Walker(first[1], walk)
+        def emit(em: Emitter, x: Symbol) -> Symbol:
+            key, out = em.assign(f"{em.const(key_fn, 'f')}({em.expr(x)})"), em.local()
+            for i, (value, walker) in enumerate(cases):
+                with em.indented(f"{'elif' if i else 'if'} {key} == {em.const(value)}:"):
+                    arg = x if pre_walker is None else em.value(pre_walker, x)
+                    em.line(f"{out} = {em.expr(em.value(walker, arg))}")
+            with em.indented("else:"):
+                em.line(f"raise {em.const(fail, 'f')}(tape, {key})")
+            return out
+
+        # == on these keys finds the case a dict lookup finds
+        simple = all(k is None or type(k) in (int, str, bool) for k in table)
+        return Walker(first[1], walk, emit if simple else None)
 
     def __repr__(self) -> str:
         name = getattr(self.key_fn, "__qualname__", None) or short(self.key_fn, 30)
@@ -341,7 +384,15 @@ class Metric(Block):
             tape.labels[name].append(label)
             tape.metric_instances[name].append(tape.instance)
 
-        return Walker(VoidType(), walk)
+        def emit(em: Emitter, x: Symbol) -> Symbol:
+            value, label = (em.item(x, 0), em.item(x, 1)) if labeled else (x, None)
+            key = em.const(name)
+            em.line(f"tape.metrics[{key}].append({em.expr(value)})")
+            em.line(f"tape.labels[{key}].append({em.expr(label)})")
+            em.line(f"tape.metric_instances[{key}].append(tape.instance)")
+            return None
+
+        return Walker(VoidType(), walk, emit)
 
     def __repr__(self) -> str:
         return f"Metric({self.name!r})"

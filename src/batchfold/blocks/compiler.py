@@ -25,6 +25,7 @@ from ..lazy import Lazy, Recorder
 from ..schedule import Plan, Scheduler, Step, schedule
 from ..stats import Stats
 from .base import Block, Identity, OpSpec, Specializer, Tape, convert_to_block, deep_recursion
+from .codegen import generate
 from .combinators import Record, Void
 from .function import device_of
 from .plan import (
@@ -141,11 +142,13 @@ class CompiledModel(nn.Module):
         with torch._C.DisableTorchFunction():
             walker = ctx.child(root, in_type, "model")
             if isinstance(in_type, (PyObjectType, VoidType)):
-                self._walk = walker.walk
+                self._walk = generate(walker, "model")
             else:
                 read = ctx.child(_reader(in_type), PyObjectType(), "model.input").walk
-                body = walker.walk
+                body = generate(walker, "model")
                 self._walk = lambda tape, x: body(tape, read(tape, x))
+        for decl, cell, target in ctx.forwards:  # recursion calls the generated functions
+            cell.walk = generate(target, decl.name)
         self.in_type, self.out_type = in_type, walker.out_type
         self._specs = ctx.specs
         self._spec_index = {spec: i for i, spec in enumerate(ctx.specs)}

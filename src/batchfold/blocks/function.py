@@ -18,6 +18,7 @@ from ..graph import Signature, TensorMeta
 from ..lazy import Lazy
 from ..ops import OpRule, fill
 from .base import Block, OpSpec, Specializer, Tape, Walker, tensor_template
+from .codegen import Emitter, Symbol, flat_ids, structured
 from .types import (
     BlockTypeError,
     TensorType,
@@ -139,7 +140,7 @@ class Function(Block):
             OpSpec(self.name, path, tuple(ins), tuple(outs), rule, fn, (args, {}), multi),
             share=("function", fn, in_type, out),
         )
-        return Walker(out, call_walk(spec, in_type, out))
+        return call_walker(spec, in_type, out)
 
     def _out_type(self, in_type: Type, path: str) -> Type:
         if self.declared_out is not None:
@@ -216,17 +217,25 @@ def flatten_values(x: Any) -> list[int]:
     return [x]
 
 
-def call_walk(spec: OpSpec, in_type: Type, out: Type) -> Callable[[Tape, Any], Any]:
-    """The walk of a function node: flatten the input ids, add the node, shape the output."""
+def call_walker(spec: OpSpec, in_type: Type, out: Type) -> Walker:
+    """The walker of a function node: flatten the input ids, add the node, shape the output."""
+
+    def emit(em: Emitter, x: Symbol) -> Symbol:
+        first = em.assign(
+            f"tape.add({em.const(spec, 's')}, {em.expr(tuple(flat_ids(em, x, in_type)))})"
+        )
+        ids = [first] + [f"({first} + {i})" for i in range(1, len(flat_tensor_types(out)))]
+        return structured(out, iter(ids))
+
     flat_in = isinstance(in_type, TupleType) and all(
         isinstance(i, TensorType) for i in in_type.items
     )
     if isinstance(out, TensorType):
         if isinstance(in_type, TensorType):
-            return lambda tape, x: tape.add(spec, (x,))
+            return Walker(out, lambda tape, x: tape.add(spec, (x,)), emit)
         if flat_in:
-            return lambda tape, x: tape.add(spec, x)
-        return lambda tape, x: tape.add(spec, flatten_values(x))
+            return Walker(out, lambda tape, x: tape.add(spec, x), emit)
+        return Walker(out, lambda tape, x: tape.add(spec, flatten_values(x)), emit)
     count = len(flat_tensor_types(out))
     flat_out = all(isinstance(item, TensorType) for item in out.items)  # type: ignore[union-attr]
 
@@ -237,7 +246,7 @@ def call_walk(spec: OpSpec, in_type: Type, out: Type) -> Callable[[Tape, Any], A
             return tuple(range(first, first + count))
         return _structure(out, list(range(first, first + count)), 0)[0]
 
-    return walk
+    return Walker(out, walk, emit)
 
 
 def _per_instance_walk(

@@ -38,7 +38,11 @@ class InputTransform(Block):
         if not isinstance(in_type, PyObjectType):
             raise BlockTypeError(self, path, "a Python object", in_type)
         fn = self.fn
-        return Walker(PyObjectType(), lambda tape, x: fn(x))
+        return Walker(
+            PyObjectType(),
+            lambda tape, x: fn(x),
+            lambda em, x: em.assign(f"{em.const(fn, 'f')}({em.expr(x)})"),
+        )
 
     def __repr__(self) -> str:
         return f"InputTransform({self.name})"
@@ -60,8 +64,11 @@ def _item_type(block: Block, key: Any, t: Type, path: str) -> Type:
     raise BlockTypeError(block, path, "a Python object, tuple or sequence to index", t)
 
 
-def _item_walk(block: Block, key: Any, t: Type, path: str) -> Callable[[Tape, Any], Any]:
+def _item_walker(block: Block, key: Any, t: Type, path: str) -> Walker:
     repeat = isinstance(t, BroadcastSequenceType)
+
+    def fail(tape: Tape, key: Any, error: BaseException) -> Exception:
+        return tape.fail(block, path, f"cannot read item {key!r}: {error!r}")
 
     def walk(tape: Tape, x: Any) -> Any:
         if repeat:
@@ -69,9 +76,14 @@ def _item_walk(block: Block, key: Any, t: Type, path: str) -> Callable[[Tape, An
         try:
             return x[key]
         except (KeyError, IndexError, TypeError) as error:
-            raise tape.fail(block, path, f"cannot read item {key!r}: {error!r}") from None
+            raise fail(tape, key, error) from None
 
-    return walk
+    out = _item_type(block, key, t, path)
+    if repeat:
+        return Walker(out, walk)
+    if isinstance(t, TupleType) and type(key) is int:  # a tuple of values: read when known
+        return Walker(out, walk, lambda em, x: em.item(x, key))
+    return Walker(out, walk, lambda em, x: em.read(x, key, fail))
 
 
 class GetItem(Block):
@@ -86,8 +98,7 @@ class GetItem(Block):
         self.key = key
 
     def _specialize(self, in_type: Type, ctx: Specializer, path: str) -> Walker:
-        out = _item_type(self, self.key, in_type, path)
-        return Walker(out, _item_walk(self, self.key, in_type, path))
+        return _item_walker(self, self.key, in_type, path)
 
     def __repr__(self) -> str:
         return f"GetItem({self.key!r})"
@@ -107,8 +118,7 @@ class Slice(Block):
         self.key = slice(start, stop, step)
 
     def _specialize(self, in_type: Type, ctx: Specializer, path: str) -> Walker:
-        out = _item_type(self, self.key, in_type, path)
-        return Walker(out, _item_walk(self, self.key, in_type, path))
+        return _item_walker(self, self.key, in_type, path)
 
     def __repr__(self) -> str:
         parts = [f"{name}={getattr(self.key, name)!r}" for name in ("start", "stop", "step")]

@@ -17,7 +17,8 @@ from ..graph import Signature
 from ..lazy import Lazy
 from ..ops import OpRule
 from .base import Block, OpSpec, Specializer, Tape, Walker, void_or
-from .function import call_walk
+from .codegen import Emitter, Symbol
+from .function import call_walker
 from .types import (
     BlockTypeError,
     PyObjectType,
@@ -95,7 +96,19 @@ class _TensorInput(Block):
             want = "integers" if integral else "numbers"
             raise tape.fail(block, path, f"expected {want} of shape {shape}, got {short(x, 60)}")
 
-        return Walker(t, walk)
+        if shape:
+            return Walker(t, walk)
+        kinds = frozenset({int, bool} if integral else {int, bool, float})
+
+        def emit(em: Emitter, x: Symbol) -> Symbol:  # a Python number inline, the rest by walk
+            value, out = em.expr(x), em.local()
+            with em.indented(f"if type({value}) in {em.const(kinds)}:"):
+                em.line(f"{out} = tape.source({em.const(scalar, 's')}, {value})")
+            with em.indented("else:"):
+                em.line(f"{out} = {em.const(walk, 'w')}(tape, {value})")
+            return out
+
+        return Walker(t, walk, emit)
 
 
 def _lazy_vid(tape: Tape, block: Block, path: str, x: Lazy, t: TensorType) -> int:
@@ -381,7 +394,7 @@ class Concat(Block):
 
         rule = OpRule("concat", batched, cheap=True)
         spec = ctx.spec(OpSpec("concat", path, tuple(ins), (out,), rule, torch.cat))
-        return Walker(out, call_walk(spec, in_type, out))
+        return call_walker(spec, in_type, out)
 
     def __repr__(self) -> str:
         return f"Concat({self.dim}, flatten={self.flatten})"

@@ -11,6 +11,7 @@ from operator import itemgetter
 from typing import Any
 
 from .base import Block, Specializer, Tape, Walker, convert_to_block
+from .codegen import Emitter, Symbol
 from .pyobjects import GetItem
 from .types import BlockTypeError, TupleType, Type, VoidType, canonical, short
 
@@ -183,11 +184,12 @@ class Composition(Block):
                 return types[structure]
             return canonical(TupleType(*[type_of(s) for s in structure]))
 
-        steps = []
+        steps, walkers = [], []
         for i, (block, source) in enumerate(self.nodes):
             walker = ctx.child(block, type_of(source), f"{path}.nodes[{i}]")
             types.append(walker.out_type)
             steps.append((walker.walk, _getter(source)))
+            walkers.append((walker, source))
         output = self.output
         out_type = VoidType() if output is None else type_of(output)
         result = (lambda values: None) if output is None else _getter(output)
@@ -198,7 +200,13 @@ class Composition(Block):
                 values.append(step(tape, get(values)))
             return result(values)
 
-        return Walker(out_type, walk)
+        def emit(em: Emitter, x: Symbol) -> Symbol:
+            values: list[Symbol] = [x]
+            for walker, source in walkers:
+                values.append(em.value(walker, _build(source, values)))
+            return None if output is None else _build(output, values)
+
+        return Walker(out_type, walk, emit)
 
     def __repr__(self) -> str:
         return f"Composition({self.name})"

@@ -1,0 +1,57 @@
+"""Generated walk functions record exactly what the walkers' closures record."""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any
+
+import pytest
+import torch
+
+import batchfold.blocks.compiler as compiler
+from batchfold.blocks import BlockInputError, Function, OneOf, Scalar, compile
+from batchfold.data.trees import BinaryTree, random_trees
+from batchfold.graph import Graph
+from batchfold.models.tree_lstm import TreeLSTMClassifier
+from batchfold.models.tree_lstm_blocks import tree_lstm_blocks
+
+
+def recorded(model: Any, inputs: list[Any]) -> tuple[str, dict[str, list[Any]]]:
+    graph = Graph()
+    tape = model._tape(graph)
+    model._record(tape, inputs)
+    return str(graph), {"metrics": list(tape.metrics.items()), "labels": list(tape.labels.items())}
+
+
+@pytest.mark.parametrize("walks", ["generated"], indirect=True)
+def test_generated_and_closure_walks_record_the_same_graph(monkeypatch: pytest.MonkeyPatch):
+    classifier = TreeLSTMClassifier(30, emb_dim=4, hidden=3)
+    trees = random_trees(20, 1, 12, rng=3, vocab_size=30)
+    generated = compile(tree_lstm_blocks(classifier))
+    assert generated._walk.__code__.co_filename.startswith("<batchfold walk")
+    monkeypatch.setattr(compiler, "generate", lambda walker, name: walker.walk)
+    closures = compile(tree_lstm_blocks(classifier))
+    assert not closures._walk.__code__.co_filename.startswith("<batchfold walk")
+    assert recorded(generated, trees) == recorded(closures, trees)
+
+
+@pytest.mark.parametrize("walks", ["generated"], indirect=True)
+def test_errors_in_generated_code_name_the_block_and_show_the_line():
+    model = compile(tree_lstm_blocks(TreeLSTMClassifier(30, emb_dim=4, hidden=3)))
+    bad = BinaryTree.node(BinaryTree.leaf(1), BinaryTree.leaf("seven"))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="needs word_id") as info:
+        model([BinaryTree.leaf(2), bad])
+    lines = "".join(traceback.format_exception(info.value))
+    assert "<batchfold walk" in lines and "v4 = f5(v3)" in lines  # the generated source shows
+    parity = compile(OneOf(lambda x: x % 3, {0: Scalar(), 1: Scalar() >> Function(torch.neg)}))
+    assert parity([3.0, 4.0])[0].tolist() == [3.0, -4.0]
+    with pytest.raises(BlockInputError, match=r"OneOf.* key 2.0 has no case .*\(input 1\)"):
+        parity([3.0, 5.0])
+
+
+def test_a_walker_past_the_line_limit_is_called_not_inlined(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr("batchfold.blocks.codegen.MAX_LINES", 5)
+    classifier = TreeLSTMClassifier(30, emb_dim=4, hidden=3)
+    trees = random_trees(6, 1, 8, rng=4, vocab_size=30)
+    logits, _ = compile(tree_lstm_blocks(classifier))(trees)
+    assert logits.shape == (6, 5) and torch.isfinite(logits).all()
