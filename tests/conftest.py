@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+import batchfold.blocks.compiler as compiler
+
 
 @pytest.fixture(autouse=True)
 def _seeded() -> None:
@@ -25,3 +27,11 @@ def float64() -> Iterator[None]:
     torch.set_default_dtype(torch.float64)
     yield
     torch.set_default_dtype(previous)
+
+
+@pytest.fixture(params=["generated", "closures"])
+def walks(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Compile blocks with generated walk functions, or (``"closures"``) without them."""
+    if request.param == "closures":
+        monkeypatch.setattr(compiler, "generate", lambda walker, name: walker.walk)
+    yield request.param

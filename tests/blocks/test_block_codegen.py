@@ -23,7 +23,6 @@ def recorded(model: Any, inputs: list[Any]) -> tuple[str, dict[str, list[Any]]]:
     return str(graph), {"metrics": list(tape.metrics.items()), "labels": list(tape.labels.items())}
 
 
-@pytest.mark.parametrize("walks", ["generated"], indirect=True)
 def test_generated_and_closure_walks_record_the_same_graph(monkeypatch: pytest.MonkeyPatch):
     classifier = TreeLSTMClassifier(30, emb_dim=4, hidden=3)
     trees = random_trees(20, 1, 12, rng=3, vocab_size=30)
@@ -35,7 +34,6 @@ def test_generated_and_closure_walks_record_the_same_graph(monkeypatch: pytest.M
     assert recorded(generated, trees) == recorded(closures, trees)
 
 
-@pytest.mark.parametrize("walks", ["generated"], indirect=True)
 def test_errors_in_generated_code_name_the_block_and_show_the_line():
     model = compile(tree_lstm_blocks(TreeLSTMClassifier(30, emb_dim=4, hidden=3)))
     bad = BinaryTree.node(BinaryTree.leaf(1), BinaryTree.leaf("seven"))  # type: ignore[arg-type]

@@ -35,7 +35,7 @@ from batchfold.blocks import (
 )
 from batchfold.graph import Graph
 
-pytestmark = pytest.mark.usefixtures("float64")
+pytestmark = pytest.mark.usefixtures("float64", "walks")  # every test: generated and closures
 
 
 def word_model(seed: int = 0) -> tuple[Any, Embedding, FC]:

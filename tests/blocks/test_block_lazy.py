@@ -23,7 +23,7 @@ from batchfold.blocks import (
 )
 from reference import assert_matches_eager
 
-pytestmark = pytest.mark.usefixtures("float64")
+pytestmark = pytest.mark.usefixtures("float64", "walks")  # every test: generated and closures
 
 
 def instances(count: int, seed: int = 0) -> list[tuple[list[list[float]], list[float]]]:

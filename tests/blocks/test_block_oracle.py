@@ -40,7 +40,7 @@ from batchfold.blocks import (
 )
 from batchfold.schedule import Scheduler
 
-pytestmark = pytest.mark.usefixtures("float64")
+pytestmark = pytest.mark.usefixtures("float64", "walks")  # every test: generated and closures
 SCHEDULERS = ["agenda", "depth"]
 
 

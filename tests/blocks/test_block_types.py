@@ -40,6 +40,8 @@ from batchfold.blocks import (
 )
 from batchfold.blocks.types import canonical
 
+pytestmark = pytest.mark.usefixtures("walks")  # every test: generated and closures
+
 F32 = torch.float32
 
 

@@ -15,7 +15,7 @@ from batchfold.models.tree_lstm import TreeLSTMClassifier, per_tree_loss, tree_n
 from batchfold.models.tree_lstm_blocks import tree_lstm_blocks
 from batchfold.schedule import Scheduler
 
-pytestmark = pytest.mark.usefixtures("float64")
+pytestmark = pytest.mark.usefixtures("float64", "walks")  # every test: generated and closures
 
 
 def classifier(seed: int = 0, vocab: int = 50) -> TreeLSTMClassifier:
