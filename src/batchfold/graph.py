@@ -196,13 +196,19 @@ class Graph:
         """Number of nodes recorded and not yet run."""
         return len(self.node_depth)
 
-    def pending_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """Signature id and depth of every pending node, as int64 arrays."""
+    def pending_arrays(self) -> tuple[np.ndarray, np.ndarray, dict[int, np.ndarray]]:
+        """Signature id and depth of every pending node, and each signature's pending nodes.
+
+        Nodes are numbered from the segment's first node (``node - node_base``); all arrays
+        are int64.
+        """
         sig_of = np.zeros(len(self.node_depth), dtype=np.int64)
+        members = {}
         for sig in self.signatures:
             if sig.nodes:
-                sig_of[np.asarray(sig.nodes, dtype=np.int64) - self.node_base] = sig.id
-        return sig_of, np.asarray(self.node_depth, dtype=np.int64)
+                local = members[sig.id] = np.asarray(sig.nodes, dtype=np.int64) - self.node_base
+                sig_of[local] = sig.id
+        return sig_of, np.asarray(self.node_depth, dtype=np.int64), members
 
     def clear_pending(self) -> None:
         """Start a new segment: everything recorded so far has been run."""

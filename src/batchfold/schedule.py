@@ -121,16 +121,13 @@ def schedule(
     """
     if scheduler not in ("agenda", "depth"):
         raise ValueError(f"scheduler must be 'agenda' or 'depth', got {scheduler!r}")
-    sig_of, depth = graph.pending_arrays()
-    base = graph.node_base
+    sig_of, depth, members = graph.pending_arrays()
     positions = np.zeros(len(sig_of), dtype=np.int64)
-    inputs, members = {}, {}
-    for sig in graph.signatures:
-        if sig.nodes:
-            local = np.asarray(sig.nodes, dtype=np.int64) - base
-            positions[local] = np.arange(len(local))
-            members[sig.id] = local
-            inputs[sig.id] = np.asarray(sig.inputs, dtype=np.int64).reshape(len(local), -1)
+    inputs = {}
+    for sig_id, local in members.items():
+        positions[local] = np.arange(len(local))
+        sig_inputs = graph.signatures[sig_id].inputs
+        inputs[sig_id] = np.asarray(sig_inputs, dtype=np.int64).reshape(len(local), -1)
     if scheduler == "depth":
         groups = _by_depth(sig_of, depth)
     else:
@@ -142,9 +139,11 @@ def _by_depth(sig_of: np.ndarray, depth: np.ndarray) -> list[np.ndarray]:
     """Fold's rule: one group per (depth, signature), shallow first."""
     if len(sig_of) == 0:
         return []
-    order = np.lexsort((sig_of, depth))
-    key = depth[order] * (sig_of.max() + 1) + sig_of[order]
-    cuts = np.flatnonzero(np.diff(key)) + 1
+    key = depth * (sig_of.max() + 1) + sig_of
+    # a stable sort on 16-bit keys is a radix sort: linear in the number of nodes
+    small = key.max() < np.iinfo(np.int16).max
+    order = np.argsort(key.astype(np.int16) if small else key, kind="stable")
+    cuts = np.flatnonzero(np.diff(key[order])) + 1
     return np.split(order, cuts)
 
 
