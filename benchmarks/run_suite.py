@@ -60,7 +60,8 @@ def peer_status() -> dict[str, str]:
             status[peer] = str(error)
             continue
         done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True)
-        status[peer] = f"ok ({done.stdout.strip()})" if done.returncode == 0 else "ok"
+        version = done.stdout.strip().splitlines()[-1:]  # after any first-import messages
+        status[peer] = f"ok ({version[0]})" if done.returncode == 0 and version else "ok"
     return status
 
 
