@@ -39,8 +39,9 @@ def test_errors_in_generated_code_name_the_block_and_show_the_line():
     bad = BinaryTree.node(BinaryTree.leaf(1), BinaryTree.leaf("seven"))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="needs word_id") as info:
         model([BinaryTree.leaf(2), bad])
-    lines = "".join(traceback.format_exception(info.value))
-    assert "<batchfold walk" in lines and "v4 = f5(v3)" in lines  # the generated source shows
+    frames = traceback.extract_tb(info.value.__traceback__)
+    generated = [f for f in frames if f.filename.startswith("<batchfold walk")]
+    assert generated and all(f.line for f in generated)  # the generated source shows
     parity = compile(OneOf(lambda x: x % 3, {0: Scalar(), 1: Scalar() >> Function(torch.neg)}))
     assert parity([3.0, 4.0])[0].tolist() == [3.0, -4.0]
     with pytest.raises(BlockInputError, match=r"OneOf.* key 2.0 has no case .*\(input 1\)"):

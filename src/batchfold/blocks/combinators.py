@@ -290,19 +290,20 @@ class OneOf(Block):
                 raise fail(tape, key)
             return case(tape, x if pre is None else pre(tape, x))
 
+        numbers = {key: i for i, (key, _) in enumerate(cases)}  # the same lookup as walk's
+
         def emit(em: Emitter, x: Symbol) -> Symbol:
-            key, out = em.assign(f"{em.const(key_fn, 'f')}({em.expr(x)})"), em.local()
-            for i, (value, walker) in enumerate(cases):
-                with em.indented(f"{'elif' if i else 'if'} {key} == {em.const(value)}:"):
+            key = em.assign(f"{em.const(key_fn, 'f')}({em.expr(x)})")
+            case, out = em.assign(f"{em.const(numbers, 'k')}.get({key})"), em.local()
+            for i, (_, walker) in enumerate(cases):
+                with em.indented(f"{'elif' if i else 'if'} {case} == {i}:"):
                     arg = x if pre_walker is None else em.value(pre_walker, x)
                     em.line(f"{out} = {em.expr(em.value(walker, arg))}")
             with em.indented("else:"):
                 em.line(f"raise {em.const(fail, 'f')}(tape, {key})")
             return out
 
-        # == on these keys finds the case a dict lookup finds
-        simple = all(k is None or type(k) in (int, str, bool) for k in table)
-        return Walker(first[1], walk, emit if simple else None)
+        return Walker(first[1], walk, emit)
 
     def __repr__(self) -> str:
         name = getattr(self.key_fn, "__qualname__", None) or short(self.key_fn, 30)
