@@ -8,6 +8,9 @@ runs two ways on the same model weights and the same sentences, in one process:
   without autobatching does with a minibatch.
 * **batch_map**: the batch's sentences recorded together and run batched (agenda
   scheduler); greedy parsing batches across its per-transition reads (sync points).
+* **DyNet** (tagger training only, where ``benchmarks/setup_peers.sh`` installed it): the
+  same tagger at the same sizes on the same sentences, with autobatching off, agenda and
+  depth (``peers/dynet_tagger.py``; DyNet's own random weights).
 
 Measured: tagger training sentences/s (forward, backward, SGD step), parser training
 sentences/s (static oracle, projective sentences), and greedy parsing sentences/s (no
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import tempfile
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
@@ -41,9 +45,11 @@ from batchfold.data.conllu import Sentence, build_vocabs, load_ud
 from batchfold.models.parser import ArcHybridParser, parse, sentence_loss
 from batchfold.models.tagger import BiLSTMTagger, sentence_losses
 from machine import describe_machine, markdown_table
+from peer_runner import PeerUnavailable, run_peer
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODES = ("one at a time", "batch_map")
+DYNET_MODES = ("none", "agenda", "depth")
 
 
 class SentenceRunner:
@@ -121,6 +127,49 @@ def row(task: str, size: int, mode: str, timing: Timing, runner: SentenceRunner)
     return out
 
 
+def dynet_tagger_rows(
+    tagger: BiLSTMTagger, batches: list[list[Sentence]], repeats: int, notes: list[str]
+) -> list[dict[str, Any]]:
+    """Tagger training on DyNet (each autobatch mode) over the batches the others timed."""
+    vocabs = tagger.vocabs
+
+    def encoded(s: Sentence) -> dict[str, Any]:
+        return {
+            "words": [tagger.word_id(w) for w in s.words],
+            "chars": [vocabs.chars.encode(w) or [0] for w in s.words],
+            "tags": vocabs.upos.encode(s.upos),
+        }
+
+    # the order time_training uses: one warm-up batch, then the batches in turn
+    order = [batches[i % len(batches)] for i in range(1 + repeats)]
+    size = len(batches[0])
+    with tempfile.TemporaryDirectory() as scratch:
+        path = Path(scratch) / "sentences.json"
+        data = {
+            "words": len(vocabs.words),
+            "chars": len(vocabs.chars),
+            "tags": len(vocabs.upos),
+            "batches": [[encoded(s) for s in batch] for batch in order],
+        }
+        path.write_text(json.dumps(data))
+        try:
+            lines = run_peer("dynet", "dynet_tagger.py", [str(path), "--mem", "4096"])
+        except PeerUnavailable as error:
+            notes.append(f"dynet tagger, batch {size}: {error}")
+            return []
+    return [
+        {
+            "task": "tagger training",
+            "batch_size": size,
+            "mode": f"dynet {line['mode']}",
+            "sentences_per_s": size / line["median_s"],
+            "median_s": line["median_s"],
+            "times_s": line["times_s"],
+        }
+        for line in lines
+    ]
+
+
 def parse_agreement(model: ArcHybridParser, batch: list[Sentence]) -> float:
     """The share of sentences whose batched parse equals the one-at-a-time parse."""
     with torch.no_grad():
@@ -150,6 +199,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ("greedy parsing", parser, dev, False, partial(parse, parser), list),
     ]
     rows: list[dict[str, Any]] = []
+    notes: list[str] = []
     agreement: dict[str, float] = {}
     for size in args.batch_sizes:
         for task, model, sentences, training, per_sentence, combine in workloads:
@@ -162,6 +212,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 )
                 rows.append(row(task, size, mode, timing, runner))
                 print(format_row(rows[-1]), flush=True)
+            if task == "tagger training":
+                for peer_row in dynet_tagger_rows(tagger, batches, args.repeats, notes):
+                    rows.append(peer_row)
+                    print(format_row(rows[-1]), flush=True)
         agreement[str(size)] = parse_agreement(parser, _batches(dev, size, 1)[0])
     return {
         "benchmark": "tagger-parser",
@@ -174,6 +228,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "sentences": {"train": len(train), "projective_train": len(projective), "dev": len(dev)},
         "parse_agreement": agreement,
         "rows": rows,
+        "notes": notes,
     }
 
 
@@ -207,6 +262,7 @@ def summary(results: dict[str, Any]) -> str:
             if "record_s" in r
             else ""
         )
+        dynet = [by_key.get((r["task"], r["batch_size"], f"dynet {m}")) for m in DYNET_MODES]
         table.append(
             [
                 r["task"],
@@ -214,6 +270,7 @@ def summary(results: dict[str, Any]) -> str:
                 f"{one['sentences_per_s']:.1f}",
                 f"{r['sentences_per_s']:.1f}",
                 f"{r['sentences_per_s'] / one['sentences_per_s']:.1f}x",
+                " / ".join(f"{d['sentences_per_s']:.1f}" for d in dynet if d) if any(dynet) else "",
                 r.get("syncs", ""),
                 split,
             ]
@@ -224,6 +281,7 @@ def summary(results: dict[str, Any]) -> str:
         "one at a time, sentences/s",
         "batch_map, sentences/s",
         "speedup",
+        "DyNet none / agenda / depth, sentences/s",
         "syncs",
         "record / schedule / execute-forward, % of step",
     ]
@@ -237,6 +295,7 @@ def summary(results: dict[str, Any]) -> str:
         f"Batched greedy parses equal to the one-at-a-time ones: {agree}.\n\n"
         + markdown_table(head, table)
         + "\n"
+        + "".join(f"\n- {note}" for note in results.get("notes", []))
     )
 
 
