@@ -23,9 +23,10 @@ Scheduler = Literal["agenda", "depth"]
 class Gather:
     """Where the rows of one step input come from.
 
-    ``parts`` are ``(step, output, start, stop)`` slices or ``(step, output, rows)`` index
-    arrays, concatenated in order; ``order``, when set, then permutes the concatenation into
-    the step's row order. A single slice part is a view: nothing is copied.
+    ``parts`` are ``(step, output, start, stop)`` slices, ``(step, output, rows)`` index
+    arrays or ``(step, output, j)``, chunk ``j`` of that output's :class:`Fanout`,
+    concatenated in order; ``order``, when set, then permutes the concatenation into the
+    step's row order. A single slice part is a view: nothing is copied.
     """
 
     parts: tuple[tuple[int, int, int, int] | tuple[int, int, np.ndarray | int], ...]
