@@ -8,9 +8,11 @@ runs two ways on the same model weights and the same sentences, in one process:
   without autobatching does with a minibatch.
 * **batch_map**: the batch's sentences recorded together and run batched (agenda
   scheduler); greedy parsing batches across its per-transition reads (sync points).
-* **DyNet** (tagger training only, where ``benchmarks/setup_peers.sh`` installed it): the
-  same tagger at the same sizes on the same sentences, with autobatching off, agenda and
-  depth (``peers/dynet_tagger.py``; DyNet's own random weights).
+* **DyNet** (training, where ``benchmarks/setup_peers.sh`` installed it): the same tagger
+  and parser at the same sizes on the same sentences and gold transitions, with autobatching
+  off, agenda and depth (``peers/dynet_tagger.py``, ``peers/dynet_parser.py``; DyNet's own
+  random weights). Greedy parsing is not run on DyNet: its autobatching cannot batch across
+  the read of each transition's scores.
 
 Measured: tagger training sentences/s (forward, backward, SGD step), parser training
 sentences/s (static oracle, projective sentences), and greedy parsing sentences/s (no
@@ -41,7 +43,14 @@ from torch import Tensor
 
 import batchfold as bf
 from baselines import Timing, time_inference, time_training
-from batchfold.data.conllu import Sentence, build_vocabs, load_ud
+from batchfold.data.conllu import (
+    ROOT,
+    ArcHybrid,
+    Sentence,
+    build_vocabs,
+    load_ud,
+    oracle_transitions,
+)
 from batchfold.models.parser import ArcHybridParser, parse, sentence_loss
 from batchfold.models.tagger import BiLSTMTagger, sentence_losses
 from machine import describe_machine, markdown_table
@@ -127,39 +136,29 @@ def row(task: str, size: int, mode: str, timing: Timing, runner: SentenceRunner)
     return out
 
 
-def dynet_tagger_rows(
-    tagger: BiLSTMTagger, batches: list[list[Sentence]], repeats: int, notes: list[str]
+def dynet_rows(
+    task: str,
+    script: str,
+    sizes: dict[str, int],
+    batches: list[list[dict[str, Any]]],
+    repeats: int,
+    notes: list[str],
 ) -> list[dict[str, Any]]:
-    """Tagger training on DyNet (each autobatch mode) over the batches the others timed."""
-    vocabs = tagger.vocabs
-
-    def encoded(s: Sentence) -> dict[str, Any]:
-        return {
-            "words": [tagger.word_id(w) for w in s.words],
-            "chars": [vocabs.chars.encode(w) or [0] for w in s.words],
-            "tags": vocabs.upos.encode(s.upos),
-        }
-
+    """One task on DyNet (each autobatch mode) over encoded batches the others timed."""
     # the order time_training uses: one warm-up batch, then the batches in turn
     order = [batches[i % len(batches)] for i in range(1 + repeats)]
     size = len(batches[0])
     with tempfile.TemporaryDirectory() as scratch:
         path = Path(scratch) / "sentences.json"
-        data = {
-            "words": len(vocabs.words),
-            "chars": len(vocabs.chars),
-            "tags": len(vocabs.upos),
-            "batches": [[encoded(s) for s in batch] for batch in order],
-        }
-        path.write_text(json.dumps(data))
+        path.write_text(json.dumps({**sizes, "batches": order}))
         try:
-            lines = run_peer("dynet", "dynet_tagger.py", [str(path), "--mem", "4096"])
+            lines = run_peer("dynet", script, [str(path)])
         except PeerUnavailable as error:
-            notes.append(f"dynet tagger, batch {size}: {error}")
+            notes.append(f"dynet {task}, batch {size}: {error}")
             return []
     return [
         {
-            "task": "tagger training",
+            "task": task,
             "batch_size": size,
             "mode": f"dynet {line['mode']}",
             "sentences_per_s": size / line["median_s"],
@@ -168,6 +167,45 @@ def dynet_tagger_rows(
         }
         for line in lines
     ]
+
+
+def tagger_input(tagger: BiLSTMTagger, s: Sentence) -> dict[str, Any]:
+    """What ``peers/dynet_tagger.py`` reads of a sentence: word, character and tag ids."""
+    vocabs = tagger.vocabs
+    return {
+        "words": [tagger.word_id(w) for w in s.words],
+        "chars": [vocabs.chars.encode(w) or [0] for w in s.words],
+        "tags": vocabs.upos.encode(s.upos),
+    }
+
+
+def parser_input(parser: ArcHybridParser, s: Sentence) -> dict[str, Any]:
+    """What ``peers/dynet_parser.py`` reads: token ids, and each gold transition's features.
+
+    A feature is a token position (``n`` is the root; -1 the pad vector of a missing stack
+    item), as :meth:`ArcHybridParser.score` picks them: the top three stack items and the
+    first buffer item.
+    """
+    n = len(s)
+    config = ArcHybrid(n)
+    features, targets = [], []
+    for action, label in oracle_transitions(s):
+        stack = config.stack
+
+        def position(item: int) -> int:
+            return n if item == ROOT else item - 1
+
+        features.append([position(stack[-k]) if len(stack) >= k else -1 for k in (3, 2, 1)])
+        features[-1].append(position(config.b0))
+        targets.append([int(action), -1 if label is None else parser.vocabs.deprels.index(label)])
+        config.apply(action, label)
+    tags = [parser.tag_id(t) for t in s.upos] + [parser.root_tag]
+    return {
+        "words": [parser.word_id(w) for w in s.words] + [parser.root_word],
+        "tags": tags,
+        "features": features,
+        "targets": targets,
+    }
 
 
 def parse_agreement(model: ArcHybridParser, batch: list[Sentence]) -> float:
@@ -198,6 +236,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ("parser training", parser, projective, True, partial(sentence_loss, parser), _sum_parser),
         ("greedy parsing", parser, dev, False, partial(parse, parser), list),
     ]
+    peers: dict[str, tuple[str, dict[str, int], Callable[[Sentence], dict[str, Any]]]] = {
+        "tagger training": (
+            "dynet_tagger.py",
+            {"words": len(vocabs.words), "chars": len(vocabs.chars), "tags": len(vocabs.upos)},
+            partial(tagger_input, tagger),
+        ),
+        "parser training": (
+            "dynet_parser.py",
+            {
+                "words": parser.word_embedding.num_embeddings,
+                "tags": len(vocabs.upos) + 2,  # the parser's UPOS rows
+                "labels": len(vocabs.deprels),
+            },
+            partial(parser_input, parser),
+        ),
+    }
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
     agreement: dict[str, float] = {}
@@ -212,8 +266,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 )
                 rows.append(row(task, size, mode, timing, runner))
                 print(format_row(rows[-1]), flush=True)
-            if task == "tagger training":
-                for peer_row in dynet_tagger_rows(tagger, batches, args.repeats, notes):
+            peer = peers.get(task)
+            if peer is not None:
+                script, sizes, encode = peer
+                encoded = [[encode(s) for s in batch] for batch in batches]
+                for peer_row in dynet_rows(task, script, sizes, encoded, args.repeats, notes):
                     rows.append(peer_row)
                     print(format_row(rows[-1]), flush=True)
         agreement[str(size)] = parse_agreement(parser, _batches(dev, size, 1)[0])

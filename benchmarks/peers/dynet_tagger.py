@@ -18,29 +18,25 @@ backward and one SGD update. For each mode it prints one JSON line::
 
 Usage::
 
-    python dynet_tagger.py SENTENCES.json [--autobatch 0,1,2] [--mem 2048]
+    python dynet_tagger.py SENTENCES.json [--autobatch 0,1,2] [--mem 4096]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from dynet_modes import MODE_NAMES, run_each_mode, start_dynet  # noqa: E402
+from dynet_modes import SentenceTrainer, sentence_main  # noqa: E402
 
 WORD, CHAR, HIDDEN = 100, 50, 125
 
 
-class Tagger:
+class Tagger(SentenceTrainer):
     def __init__(self, dy, words: int, chars: int, tags: int) -> None:
-        self.dy = dy
-        pc = self.pc = dy.ParameterCollection()
+        pc = dy.ParameterCollection()
+        super().__init__(dy, pc)
         self.words = pc.add_lookup_parameters((words, WORD))
         self.chars = pc.add_lookup_parameters((chars, CHAR))
         self.char_forward = dy.VanillaLSTMBuilder(1, CHAR, CHAR, pc)
@@ -49,8 +45,6 @@ class Tagger:
         self.backward = dy.VanillaLSTMBuilder(1, WORD + 2 * CHAR, HIDDEN, pc)
         self.out_w = pc.add_parameters((tags, 2 * HIDDEN))
         self.out_b = pc.add_parameters(tags)
-        self.trainer = dy.SimpleSGDTrainer(pc, learning_rate=1e-4)
-        self.trainer.set_clip_threshold(0.0)  # plain SGD, as the PyTorch systems use
 
     def word(self, word: int, chars: list[int]):
         dy = self.dy
@@ -68,50 +62,13 @@ class Tagger:
             scores = dy.affine_transform([self.out_b, self.out_w, dy.concatenate([f, b])])
             out.append(dy.pickneglogsoftmax(scores, tag))
 
-    def train_step(self, batch: list[dict]) -> float:
-        self.dy.renew_cg()
-        losses: list = []
-        for sentence in batch:
-            self.sentence_losses(sentence, losses)
-        loss = self.dy.esum(losses)
-        value = loss.value()
-        loss.backward()
-        self.trainer.update()
-        return value
 
-
-def run_mode(args: argparse.Namespace, mode: int) -> None:
-    dy, version = start_dynet(args.mem, mode)
-    with open(args.sentences) as f:
-        data = json.load(f)
-    model = Tagger(dy, data["words"], data["chars"], data["tags"])
-    warmup, *timed = data["batches"]
-    model.train_step(warmup)
-    times = []
-    for batch in timed:
-        start = time.perf_counter()
-        model.train_step(batch)
-        times.append(time.perf_counter() - start)
-    line = {
-        "system": "dynet",
-        "version": version,
-        "mode": MODE_NAMES[mode],
-        "autobatch": mode,
-        "batch_size": len(warmup),
-        "times_s": times,
-        "median_s": statistics.median(times),
-    }
-    print(json.dumps(line), flush=True)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("sentences", help="sentence file (JSON, see above)")
-    parser.add_argument("--autobatch", default="0,1,2", help="modes: 0 none, 1 agenda, 2 depth")
-    parser.add_argument("--mem", default="2048", help="DyNet memory pool in MB (--dynet-mem)")
-    argv = sys.argv[1:] if argv is None else argv
-    args = parser.parse_args(argv)  # a child gets argv plus its own --autobatch, which wins
-    return run_each_mode(__file__, argv, args.autobatch, lambda m: run_mode(args, m))
+def main() -> int:
+    return sentence_main(
+        __file__,
+        __doc__.splitlines()[0],
+        lambda dy, data: Tagger(dy, data["words"], data["chars"], data["tags"]),
+    )
 
 
 if __name__ == "__main__":

@@ -145,7 +145,8 @@ class ArcHybridParser(WordDropoutModel):
         self.scorer = FeatureMLP(N_FEATURES * 2 * hidden, mlp_hidden, self.n_scores)
         self._score_call = bf.function(self.scorer, batched=True)
 
-    def _tag_id(self, tag: str) -> int:
+    def tag_id(self, tag: str) -> int:
+        """The UPOS vector row of a tag (tags unseen in training share one row)."""
         upos = self.vocabs.upos
         return upos.index(tag) if tag in upos else self.root_tag + 1
 
@@ -166,7 +167,7 @@ class ArcHybridParser(WordDropoutModel):
         """
         device = self.device  # read once: inside batch_map each read is a recorded call
         inputs = [
-            self._token_input(self.word_id(w), self._tag_id(t), device)
+            self._token_input(self.word_id(w), self.tag_id(t), device)
             for w, t in zip(sentence.words, sentence.upos, strict=True)
         ]
         inputs.append(self._token_input(self.root_word, self.root_tag, device))
