@@ -44,14 +44,13 @@ from torch import Tensor
 import batchfold as bf
 from baselines import Timing, time_inference, time_training
 from batchfold.data.conllu import (
-    ROOT,
     ArcHybrid,
     Sentence,
     build_vocabs,
     load_ud,
     oracle_transitions,
 )
-from batchfold.models.parser import ArcHybridParser, parse, sentence_loss
+from batchfold.models.parser import ArcHybridParser, feature_positions, parse, sentence_loss
 from batchfold.models.tagger import BiLSTMTagger, sentence_losses
 from machine import describe_machine, markdown_table
 from peer_runner import PeerUnavailable, run_peer
@@ -171,41 +170,26 @@ def dynet_rows(
 
 def tagger_input(tagger: BiLSTMTagger, s: Sentence) -> dict[str, Any]:
     """What ``peers/dynet_tagger.py`` reads of a sentence: word, character and tag ids."""
-    vocabs = tagger.vocabs
     return {
         "words": [tagger.word_id(w) for w in s.words],
-        "chars": [vocabs.chars.encode(w) or [0] for w in s.words],
-        "tags": vocabs.upos.encode(s.upos),
+        "chars": [tagger.char_ids(w) for w in s.words],
+        "tags": tagger.vocabs.upos.encode(s.upos),
     }
 
 
 def parser_input(parser: ArcHybridParser, s: Sentence) -> dict[str, Any]:
     """What ``peers/dynet_parser.py`` reads: token ids, and each gold transition's features.
 
-    A feature is a token position (``n`` is the root; -1 the pad vector of a missing stack
-    item), as :meth:`ArcHybridParser.score` picks them: the top three stack items and the
-    first buffer item.
+    A feature is a token position from :func:`feature_positions`, -1 for the pad vector.
     """
-    n = len(s)
-    config = ArcHybrid(n)
+    config = ArcHybrid(len(s))
     features, targets = [], []
     for action, label in oracle_transitions(s):
-        stack = config.stack
-
-        def position(item: int) -> int:
-            return n if item == ROOT else item - 1
-
-        features.append([position(stack[-k]) if len(stack) >= k else -1 for k in (3, 2, 1)])
-        features[-1].append(position(config.b0))
+        features.append([-1 if p is None else p for p in feature_positions(config)])
         targets.append([int(action), -1 if label is None else parser.vocabs.deprels.index(label)])
         config.apply(action, label)
-    tags = [parser.tag_id(t) for t in s.upos] + [parser.root_tag]
-    return {
-        "words": [parser.word_id(w) for w in s.words] + [parser.root_word],
-        "tags": tags,
-        "features": features,
-        "targets": targets,
-    }
+    words, tags = zip(*parser.token_ids(s), strict=True)
+    return {"words": words, "tags": tags, "features": features, "targets": targets}
 
 
 def parse_agreement(model: ArcHybridParser, batch: list[Sentence]) -> float:

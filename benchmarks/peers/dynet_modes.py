@@ -69,14 +69,15 @@ def run_each_mode(script: str, argv: list[str], modes: str, run_mode: Callable[[
     return rc
 
 
-def sentence_main(script: str, description: str, make_model: Callable, argv=None) -> int:
+def sentence_main(script: str, doc: str | None, make_model: Callable, argv=None) -> int:
     """The command line of a sentence-batch training peer (``dynet_tagger.py``, ...).
 
     Reads ``SENTENCES.json`` (``{"batches": [[sentence, ...], ...], ...}``: a warm-up batch,
     then the timed ones), builds ``make_model(dy, data)`` (an object with ``train_step(batch)``)
     and prints one JSON line per autobatch mode: the time of every timed step and the median.
+    ``doc`` is the script's docstring; its first line describes the command.
     """
-    parser = argparse.ArgumentParser(description=description)
+    parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
     parser.add_argument("sentences", help="sentence file (JSON, see the script's docstring)")
     parser.add_argument("--autobatch", default="0,1,2", help="modes: 0 none, 1 agenda, 2 depth")
     parser.add_argument("--mem", default="4096", help="DyNet memory pool in MB (--dynet-mem)")

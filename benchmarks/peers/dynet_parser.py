@@ -36,7 +36,8 @@ WORD, POS, HIDDEN, LAYERS, MLP, TRANSITIONS = 100, 25, 125, 2, 100, 3
 
 
 class Parser(SentenceTrainer):
-    def __init__(self, dy, words: int, tags: int, labels: int) -> None:
+    def __init__(self, dy, data: dict) -> None:
+        words, tags, labels = data["words"], data["tags"], data["labels"]
         pc = dy.ParameterCollection()
         super().__init__(dy, pc)
         self.labels = labels
@@ -71,13 +72,5 @@ class Parser(SentenceTrainer):
             out.append(loss)
 
 
-def main() -> int:
-    return sentence_main(
-        __file__,
-        __doc__.splitlines()[0],
-        lambda dy, data: Parser(dy, data["words"], data["tags"], data["labels"]),
-    )
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(sentence_main(__file__, __doc__, Parser))

@@ -34,7 +34,8 @@ WORD, CHAR, HIDDEN = 100, 50, 125
 
 
 class Tagger(SentenceTrainer):
-    def __init__(self, dy, words: int, chars: int, tags: int) -> None:
+    def __init__(self, dy, data: dict) -> None:
+        words, chars, tags = data["words"], data["chars"], data["tags"]
         pc = dy.ParameterCollection()
         super().__init__(dy, pc)
         self.words = pc.add_lookup_parameters((words, WORD))
@@ -63,13 +64,5 @@ class Tagger(SentenceTrainer):
             out.append(dy.pickneglogsoftmax(scores, tag))
 
 
-def main() -> int:
-    return sentence_main(
-        __file__,
-        __doc__.splitlines()[0],
-        lambda dy, data: Tagger(dy, data["words"], data["chars"], data["tags"]),
-    )
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(sentence_main(__file__, __doc__, Tagger))

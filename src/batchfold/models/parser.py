@@ -46,6 +46,7 @@ __all__ = [
     "best_transition",
     "cheapest_actions",
     "exploring_loss",
+    "feature_positions",
     "parse",
     "score_layout",
     "sentence_loss",
@@ -145,8 +146,7 @@ class ArcHybridParser(WordDropoutModel):
         self.scorer = FeatureMLP(N_FEATURES * 2 * hidden, mlp_hidden, self.n_scores)
         self._score_call = bf.function(self.scorer, batched=True)
 
-    def tag_id(self, tag: str) -> int:
-        """The UPOS vector row of a tag (tags unseen in training share one row)."""
+    def _tag_id(self, tag: str) -> int:
         upos = self.vocabs.upos
         return upos.index(tag) if tag in upos else self.root_tag + 1
 
@@ -166,12 +166,23 @@ class ArcHybridParser(WordDropoutModel):
             ``n + 1`` tensors, each ``[2 * hidden]``.
         """
         device = self.device  # read once: inside batch_map each read is a recorded call
-        inputs = [
-            self._token_input(self.word_id(w), self.tag_id(t), device)
+        inputs = [self._token_input(w, t, device) for w, t in self.token_ids(sentence)]
+        return [torch.cat(states) for states in self.bilstm(inputs)]
+
+    def token_ids(self, sentence: Sentence) -> list[tuple[int, int]]:
+        """The word and UPOS vector rows of every token: words ``1..n``, then the root.
+
+        Arguments:
+            sentence: the sentence.
+
+        Returns:
+            ``n + 1`` pairs ``(word row, UPOS row)``.
+        """
+        tokens = [
+            (self.word_id(w), self._tag_id(t))
             for w, t in zip(sentence.words, sentence.upos, strict=True)
         ]
-        inputs.append(self._token_input(self.root_word, self.root_tag, device))
-        return [torch.cat(states) for states in self.bilstm(inputs)]
+        return [*tokens, (self.root_word, self.root_tag)]
 
     def pad_vector(self) -> Tensor:
         """The learned vector of a missing stack item, as a per-sentence value.
@@ -196,15 +207,28 @@ class ArcHybridParser(WordDropoutModel):
         Returns:
             ``[n_scores]``, laid out as in :func:`score_layout`.
         """
-        stack = config.stack
-        n = config.n_words
+        positions = feature_positions(config)
+        return self._score_call([pad if p is None else vectors[p] for p in positions])
 
-        def vector(item: int) -> Tensor:
-            return vectors[n if item == ROOT else item - 1]
 
-        features = [vector(stack[-k]) if len(stack) >= k else pad for k in (3, 2, 1)]
-        features.append(vector(config.b0))
-        return self._score_call(features)
+def feature_positions(config: ArcHybrid) -> list[int | None]:
+    """The tokens a configuration is scored from, as positions in :meth:`~ArcHybridParser.encode`.
+
+    The top three stack items, deepest first (``None`` where the stack is shorter), then the
+    first buffer item; words ``1..n`` are at ``0..n-1`` and the root at ``n``.
+
+    Example:
+        >>> c = ArcHybrid(2); c.apply(Action.SHIFT)
+        >>> feature_positions(c)
+        [None, None, 0, 1]
+    """
+    stack, n = config.stack, config.n_words
+
+    def position(item: int) -> int:
+        return n if item == ROOT else item - 1
+
+    items = [position(stack[-k]) if len(stack) >= k else None for k in (3, 2, 1)]
+    return [*items, position(config.b0)]
 
 
 def score_layout(n_labels: int) -> dict[str, slice]:

@@ -109,11 +109,15 @@ class BiLSTMTagger(WordDropoutModel):
         """
         pieces = [self.word_embedding(torch.tensor(self.word_id(word), device=device))]
         if self.char_embedding is not None and self.char_lstm is not None:
-            ids = self.vocabs.chars.encode(word) or [0]
+            ids = self.char_ids(word)
             chars = self.char_embedding(torch.tensor(ids, device=device)).unbind(0)
             states = self.char_lstm([[c] for c in chars])
             pieces += [states[-1][0], states[0][1]]
         return pieces
+
+    def char_ids(self, word: str) -> list[int]:
+        """The character vector rows of a word (one unknown character for an empty word)."""
+        return self.vocabs.chars.encode(word) or [0]
 
     def logits(self, states: list[Tensor]) -> Tensor:
         """Tag scores of one word from its BiLSTM states.
