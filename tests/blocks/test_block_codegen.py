@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import linecache
+import re
 import traceback
 from typing import Any
 
@@ -49,8 +51,16 @@ def test_errors_in_generated_code_name_the_block_and_show_the_line():
 
 
 def test_a_walker_past_the_line_limit_is_called_not_inlined(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr("batchfold.blocks.codegen.MAX_LINES", 5)
     classifier = TreeLSTMClassifier(30, emb_dim=4, hidden=3)
     trees = random_trees(6, 1, 8, rng=4, vocab_size=30)
-    logits, _ = compile(tree_lstm_blocks(classifier))(trees)
-    assert logits.shape == (6, 5) and torch.isfinite(logits).all()
+    calls = re.compile(r"= w\d+\(tape, ")  # a walker called, not inlined
+
+    def called(model: Any) -> int:
+        tree_walk = model._walk.__globals__["c0"].walk  # the ForwardDeclaration's function
+        return len(calls.findall("".join(linecache.getlines(tree_walk.__code__.co_filename))))
+
+    inlined = compile(tree_lstm_blocks(classifier))
+    monkeypatch.setattr("batchfold.blocks.codegen.MAX_LINES", 5)
+    limited = compile(tree_lstm_blocks(classifier))
+    assert called(limited) > called(inlined)
+    assert recorded(limited, trees) == recorded(inlined, trees)

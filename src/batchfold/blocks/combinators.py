@@ -45,7 +45,7 @@ class Pipe(Block):
         self._check()
 
     def _specialize(self, in_type: Type, ctx: Specializer, path: str) -> Walker:
-        walks, walkers = [], []
+        walkers = []
         t = in_type
         for i, block in enumerate(self.blocks):
             child = f"{path}[{i}]"
@@ -57,11 +57,11 @@ class Pipe(Block):
                         raise error.with_source(self.blocks[i - 1], f"{path}[{i - 1}]") from None
                     error.entries.append(path)  # the pipe's own input was refused
                 raise
-            walks.append(walker.walk)
             walkers.append(walker)
             t = walker.out_type
-        if len(walks) == 1:
+        if len(walkers) == 1:
             return walkers[0]
+        walks = [walker.walk for walker in walkers]
 
         def emit(em: Emitter, x: Symbol) -> Symbol:
             for walker in walkers:
@@ -120,12 +120,11 @@ class Record(Block):
         else:
             shape = "a Python dict" if self.is_dict else f"a Python object or a tuple of {n}"
             raise BlockTypeError(self, path, shape, in_type)
-        pairs = []
-        walkers = []
-        for key, child, t in zip(self.keys, self.children, item_types, strict=True):
-            walker = ctx.child(child, t, f"{path}[{key!r}]")
-            pairs.append((walker.walk, key))
-            walkers.append(walker)
+        walkers = [
+            ctx.child(child, t, f"{path}[{key!r}]")
+            for key, child, t in zip(self.keys, self.children, item_types, strict=True)
+        ]
+        pairs = [(walker.walk, key) for walker, key in zip(walkers, self.keys, strict=True)]
         block, check_len = self, isinstance(in_type, PyObjectType) and not self.is_dict
         known = isinstance(in_type, TupleType)  # a tuple of values: its items need no checks
 
@@ -257,7 +256,6 @@ class OneOf(Block):
         if self.pre_block is not None:
             pre_walker = ctx.child(self.pre_block, in_type, f"{path}.pre_block")
             pre, t = pre_walker.walk, pre_walker.out_type
-        table: dict[Any, Callable[[Tape, Any], Any]] = {}
         cases: list[tuple[Any, Walker]] = []
         first: tuple[Any, Type, str] | None = None
         for key, case in self.cases.items():
@@ -274,9 +272,9 @@ class OneOf(Block):
                     verb="is",
                     hint="Every case of a OneOf must give the same type.",
                 )
-            table[key] = walker.walk
             cases.append((key, walker))
         assert first is not None
+        table = {key: walker.walk for key, walker in cases}
         key_fn, block = self.key_fn, self
 
         def fail(tape: Tape, key: Any) -> Exception:
