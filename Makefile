@@ -21,7 +21,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check $(LINTED)
 	$(VENV)/bin/pyright
 
-test: lint
+test: lint size
 	$(VENV)/bin/pytest
 
 check: test
@@ -35,7 +35,7 @@ bench-full: $(STAMP)
 	$(PY) benchmarks/run_suite.py
 
 size:
-	@wc -l src/batchfold/graph.py src/batchfold/ops.py src/batchfold/schedule.py src/batchfold/execute.py | sort -n
+	@wc -l src/batchfold/graph.py src/batchfold/opbase.py src/batchfold/ops.py src/batchfold/ops_matrix.py src/batchfold/grouping.py src/batchfold/schedule.py src/batchfold/execute.py | sort -n
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

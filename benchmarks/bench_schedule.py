@@ -10,6 +10,9 @@ trees, with the node structure ``batch_map`` records for them, so that only
   the output layer, a label (a source) and the cross-entropy.
 * ``fold``: the cell of TensorFlow Fold's benchmark on random trees with 128 leaves: per leaf a
   word and its embedding; per internal node the cell.
+* ``chain``: one instance of ``x = x * 0.999 + 0.001`` repeated: a source, then ``mul`` and
+  ``add`` nodes in turn, each reading the one before. Every step is a single node, so the
+  per-step cost of a scheduler is all there is (the worst case for both).
 
 For each graph size the scheduler runs repeatedly (at least ``--repeats`` times and 0.2 s);
 the median gives nodes per second. Growth is the exponent ``k`` of ``time ~ nodes^k`` between
@@ -17,6 +20,7 @@ one size and the next (1.0 is linear).
 
     python benchmarks/bench_schedule.py            # 10^3 .. 10^6 nodes
     python benchmarks/bench_schedule.py --quick    # the same sizes, fewer repeats
+    python benchmarks/bench_schedule.py --workloads chain --sizes 100000 --repeats 1
 
 Writes ``benchmarks/results/schedule[-quick].json`` and ``.md``.
 """
@@ -39,10 +43,11 @@ from batchfold.data.trees import BinaryTree, random_tree
 from batchfold.graph import Graph, Signature, TensorMeta
 from batchfold.ops import OpRule
 from batchfold.schedule import Scheduler, schedule
-from machine import describe_machine, markdown_table
+from machine import describe_machine, markdown_table, spread
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SCHEDULERS: tuple[Scheduler, ...] = ("agenda", "depth")
+WORKLOADS = ("tree-lstm", "fold", "chain")
 CPU = torch.device("cpu")
 
 
@@ -58,12 +63,12 @@ class GraphBuilder:
     """Adds the nodes of one workload's trees to a graph (see the module docstring).
 
     Arguments:
-        workload: ``"tree-lstm"`` or ``"fold"``.
+        workload: ``"tree-lstm"``, ``"fold"`` or ``"chain"``.
     """
 
     def __init__(self, workload: str) -> None:
-        if workload not in ("tree-lstm", "fold"):
-            raise ValueError(f"unknown workload {workload!r}; expected 'tree-lstm' or 'fold'")
+        if workload not in WORKLOADS:
+            raise ValueError(f"unknown workload {workload!r}; expected one of {WORKLOADS}")
         self.workload = workload
         self.graph = Graph()
         width = 150 if workload == "tree-lstm" else 256
@@ -78,6 +83,10 @@ class GraphBuilder:
             self.cell = self._sig("cell", (state, state), (state,))
         self.output = self._sig("linear", (state,), (_meta(5),))
         self.loss = self._sig("cross_entropy", (_meta(5), word), (_meta(),), cheap=False)
+        scalar = _meta()
+        self.start = self._sig("tensor", (), (scalar,), cheap=True)
+        self.mul = self._sig("mul", (scalar,), (scalar,), cheap=True)
+        self.add = self._sig("add", (scalar,), (scalar,), cheap=True)
 
     def _sig(
         self,
@@ -88,8 +97,21 @@ class GraphBuilder:
     ) -> Signature:
         multi = tuple if len(outs) > 1 else None
         return self.graph.signature(
-            name, _never, OpRule(name, _never, cheap=cheap), name, ((), {}), ins, outs, multi, ""
+            name,
+            func=_never,
+            rule=OpRule(name, _never, cheap=cheap),
+            name=name,
+            in_metas=ins,
+            out_metas=outs,
+            multi=multi,
         )
+
+    def add_chain(self, nodes: int, instance: int) -> None:
+        """Add one chain of ``nodes`` nodes: a source, then ``mul`` and ``add`` in turn."""
+        g = self.graph
+        x = g.add(self.start, (), instance, payload=0.5)
+        for i in range(nodes - 1):
+            x = g.add(self.add if i % 2 else self.mul, (x,), instance)
 
     def add_tree(self, tree: BinaryTree, instance: int) -> None:
         """Add one tree's nodes, in post-order."""
@@ -115,10 +137,14 @@ class GraphBuilder:
 
 
 def build_graph(workload: str, nodes: int, seed: int = 0) -> tuple[Graph, int]:
-    """A graph of at least ``nodes`` nodes from random trees; returns it and the tree count."""
+    """A graph of at least ``nodes`` nodes from random trees (or one chain of ``nodes``
+    nodes); returns it and the tree (or chain) count."""
     rng = random.Random(seed)
     builder = GraphBuilder(workload)
     trees = 0
+    if workload == "chain":
+        builder.add_chain(nodes, 0)
+        trees = 1
     while builder.graph.pending < nodes:
         n_leaves = rng.randint(2, 60) if workload == "tree-lstm" else 128
         builder.add_tree(random_tree(n_leaves, rng, 1000), trees)
@@ -143,11 +169,17 @@ def time_schedule(
     return times, steps
 
 
-def run(sizes: Sequence[int], repeats: int, min_s: float, threads: int) -> dict[str, Any]:
+def run(
+    sizes: Sequence[int],
+    repeats: int,
+    min_s: float,
+    threads: int,
+    workloads: Sequence[str] = WORKLOADS,
+) -> dict[str, Any]:
     """Measure every (workload, size, scheduler); returns the JSON-ready results."""
     torch.set_num_threads(threads)
     rows: list[dict[str, Any]] = []
-    for workload in ("tree-lstm", "fold"):
+    for workload in workloads:
         for size in sizes:
             start = time.perf_counter()
             graph, trees = build_graph(workload, size)
@@ -202,15 +234,18 @@ def summary(results: dict[str, Any]) -> str:
             r["trees"],
             r["steps"],
             f"{1e3 * r['median_s']:.2f}",
-            f"{100 * (r['max_s'] - r['min_s']) / r['median_s']:.0f}%",
+            spread(r),
             f"{r['nodes_per_s'] / 1e6:.2f}",
             f"{r['growth']:.2f}" if "growth" in r else "",
         ]
         for r in results["rows"]
     ]
-    head = ["graph", "scheduler", "nodes", "trees", "steps", "ms", "spread", "M nodes/s", "growth"]
+    head = ["graph", "scheduler", "nodes", "instances", "steps", "ms", "spread", "M nodes/s"]
+    head.append("growth")
     return (
-        f"# Scheduling alone\n\n{m['cpu']}, {m['cpus']} CPUs, commit {m['commit']}, {m['date']}\n\n"
+        f"# Scheduling alone\n\n{m['cpu']}, {m['cpus']} CPUs, {m['threads']} torch threads, "
+        f"numpy {m['numpy']}, commit {m['commit']}, {m['date']}\n\n"
+        "ms: median time of one `schedule` call; instances: trees (or chains) in the graph. "
         "Growth: the exponent k of time ~ nodes^k from the row above (1.0 is linear).\n\n"
         + markdown_table(head, table)
         + "\n"
@@ -224,13 +259,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[10**3, 10**4, 10**5, 10**6])
     parser.add_argument("--repeats", type=int, default=None, help="timed calls per size (min)")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for JSON and markdown")
+    parser.add_argument("--stem", default=None, help="results file name (default: schedule)")
     args = parser.parse_args(argv)
     repeats = args.repeats or (3 if args.quick else 7)
-    results = run(args.sizes, repeats, 0.05 if args.quick else 0.2, args.threads)
+    min_s = 0.05 if args.quick else 0.2
+    results = run(args.sizes, repeats, min_s, args.threads, args.workloads)
     results["quick"] = args.quick
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = "schedule-quick" if args.quick else "schedule"
+    stem = args.stem or ("schedule-quick" if args.quick else "schedule")
     (args.out / f"{stem}.json").write_text(json.dumps(results, indent=1))
     (args.out / f"{stem}.md").write_text(summary(results))
     print(summary(results))

@@ -43,15 +43,11 @@ from torch import Tensor
 
 import batchfold as bf
 from baselines import Timing, time_inference, time_training
-from batchfold.data.conllu import (
-    ArcHybrid,
-    Sentence,
-    build_vocabs,
-    load_ud,
-    oracle_transitions,
-)
+from batchfold.data.conllu import Sentence
+from batchfold.data.ud import build_vocabs, load_ud
 from batchfold.models.parser import ArcHybridParser, feature_positions, parse, sentence_loss
 from batchfold.models.tagger import BiLSTMTagger, sentence_losses
+from batchfold.models.transitions import ArcHybrid, oracle_transitions
 from machine import describe_machine, markdown_table
 from peer_runner import PeerUnavailable, run_peer
 

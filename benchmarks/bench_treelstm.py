@@ -6,9 +6,9 @@ training (forward, backward and an SGD step). Workloads: random binary trees wit
 leaves, complete binary trees with 128 leaves, and the Stanford Sentiment Treebank's training
 trees (word ids from a vocabulary of the training words) when the data is present. batchfold
 runs through both of its front ends, each with each scheduler: ordinary per-tree code (the
-same code the naive baseline runs, ``tree_node_losses``) through ``batch_map`` ("batchfold
-agenda", "batchfold depth"), with the cell recorded as one node (``bf.function``) and, in
-full runs, op by op ("per-op"); and the same model written as blocks
+same code the naive baseline runs, ``tree_node_losses``) through ``batch_map``: as written
+("plain code", module calls recorded as cached traces) and with the cell wrapped in
+``bf.function`` ("batchfold agenda", "batchfold depth"); and the same model written as blocks
 (``tree_lstm_blocks``, compiled with ``batchfold.blocks.compile``: "batchfold blocks
 agenda", "batchfold blocks depth"), whose loss is the sum of its ``"loss"`` metric. Before
 timing, every in-process system's loss and gradients are checked against the naive run on a
@@ -48,7 +48,11 @@ import torch
 import batchfold as bf
 from baselines import (
     Timing,
+    flatten_trees,
+    level_batched_loss,
     make_batches,
+    naive_batch_loss,
+    routed_level_batched_loss,
     split_fields,
     time_inference,
     time_training,
@@ -57,13 +61,7 @@ from baselines import (
 from batchfold import blocks
 from batchfold.data.paths import find_data
 from batchfold.data.trees import BinaryTree, complete_tree
-from batchfold.models.tree_lstm import (
-    TreeLSTMClassifier,
-    flatten_trees,
-    level_batched_loss,
-    naive_batch_loss,
-    tree_node_losses,
-)
+from batchfold.models.tree_lstm import TreeLSTMClassifier, tree_node_losses
 from batchfold.models.tree_lstm_blocks import tree_lstm_blocks
 from batchfold.schedule import Scheduler
 from machine import describe_machine, markdown_table, split_percent, split_progress, spread
@@ -194,17 +192,28 @@ def treelstm_matmuls(trees: Sequence[BinaryTree]) -> list[Matmul]:
 
 
 def make_systems(model: TreeLSTMClassifier, quick: bool) -> dict[str, Runner]:
-    """The in-process systems on one model."""
+    """The in-process systems on one model.
+
+    "hand-written level batching" is the routed level batching
+    (:func:`~baselines.routed_level_batched_loss`); full runs add the older baseline that
+    concatenates every level's states again at each level
+    (:func:`~baselines.level_batched_loss`).
+    """
     systems: dict[str, Runner] = {
         "naive per-tree": partial(naive_batch_loss, model),
-        "hand-written level batching": partial(level_batched_loss, model),
+        "hand-written level batching": partial(routed_level_batched_loss, model),
+    }
+    if not quick:
+        systems["hand-written level batching, re-concatenated"] = partial(level_batched_loss, model)
+    systems |= {
         "batchfold agenda": BatchfoldRunner(model, "agenda", fused=True),
         "batchfold depth": BatchfoldRunner(model, "depth", fused=True),
         "batchfold blocks agenda": BlocksRunner(model, "agenda"),
         "batchfold blocks depth": BlocksRunner(model, "depth"),
+        # the per-tree code as written, no bf.function: module calls become cached traces
+        "batchfold agenda, plain code": BatchfoldRunner(model, "agenda", fused=False),
+        "batchfold depth, plain code": BatchfoldRunner(model, "depth", fused=False),
     }
-    if not quick:
-        systems["batchfold agenda, per-op"] = BatchfoldRunner(model, "agenda", fused=False)
     return systems
 
 
@@ -212,7 +221,8 @@ def check_systems(workloads: Sequence[Workload], seed: int = 0) -> None:
     """Every in-process system's loss and gradients equal the naive run's, on each workload.
 
     A small float64 classifier (embedding 8, hidden 6, the workload's vocabulary) runs the
-    first batch of 4 trees of each workload through every system, the per-op one included.
+    first batch of 4 trees of each workload through every system of a full run, both
+    hand-written level batchings (routed and re-concatenated) included.
 
     Raises:
         RuntimeError: a system disagrees; the message names it and the workload.
@@ -260,7 +270,7 @@ def run(
     """Measure every configuration; returns the JSON-ready results.
 
     Arguments:
-        quick: random and SST trees, batch 32 and 256, no per-op system, fewer repeats, and
+        quick: random and SST trees, batch 32 and 256, fewer repeats, and
             the peers on the random trees only.
         threads: torch intra-op threads.
         peers: run DyNet and DGL too.

@@ -1,4 +1,8 @@
-"""Strict test settings: fixed seeds, deterministic kernels, float64 where values are compared."""
+"""Strict test settings: fixed seeds, deterministic kernels, float64 where values are compared.
+
+Also the real UD English-EWT splits, read once for the tests of the reader, the loader and the
+transition system.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,9 @@ import pytest
 import torch
 
 import batchfold.blocks.compiler as compiler
+from batchfold.data.conllu import Sentence
+from batchfold.data.paths import find_data
+from batchfold.data.ud import load_ud
 
 
 @pytest.fixture(autouse=True)
@@ -35,3 +42,12 @@ def walks(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> It
     if request.param == "closures":
         monkeypatch.setattr(compiler, "generate", lambda walker, name: walker.walk)
     yield request.param
+
+
+@pytest.fixture(scope="session")
+def ewt() -> dict[str, list[Sentence]]:
+    """UD English-EWT's three splits; a test that uses them is skipped when they are absent."""
+    folder = find_data("ud-ewt")
+    if folder is None or not (folder / "en_ewt-ud-train.conllu.gz").is_file():
+        pytest.skip("UD English-EWT is not available (see batchfold.data.ud.load_ud)")
+    return {split: load_ud(split, path=folder) for split in ("train", "dev", "test")}

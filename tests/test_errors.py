@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+
 import pytest
 import torch
 
@@ -58,7 +61,7 @@ def test_mixing_float_dtypes_is_an_error_not_a_cast() -> None:
 
 
 def test_data_dependent_shapes_are_refused_clearly() -> None:
-    with pytest.raises(bf.ShapeError, match="nonzero"):
+    with pytest.raises(bf.UnsupportedOpError, match="nonzero .* depends on per-instance values"):
         bf.batch_map(lambda x: torch.nonzero(torch.tensor(x)), [[1.0, 0.0]])
 
 
@@ -76,3 +79,51 @@ def test_exceptions_in_user_code_name_the_instance() -> None:
     with pytest.raises(KeyError) as info:
         bf.batch_map(fn, [0.0, 1.0, 2.0])
     assert "instance 2" in "".join(getattr(info.value, "__notes__", []))
+
+
+# Local classes that still await ``from ..errors import ...`` in modules edited elsewhere;
+# empty this once training/loop.py and cli.py import ConfigError and CommandLineError.
+NOT_YET_MOVED: set[str] = set()
+
+
+def test_every_error_class_is_a_batchfold_error_listed_in_batchfold_errors() -> None:
+    import batchfold.errors as errors
+
+    for name in errors.__all__:
+        cls = getattr(errors, name)
+        assert issubclass(cls, bf.BatchfoldError) and cls.__doc__, name
+        assert getattr(bf, name) is cls, f"batchfold.{name} is not exported"
+        assert name in (errors.__doc__ or ""), f"batchfold.errors does not explain {name}"
+    found = {}
+    for info in pkgutil.walk_packages(bf.__path__, "batchfold."):
+        module = importlib.import_module(info.name)
+        for value in vars(module).values():
+            if (
+                isinstance(value, type)
+                and issubclass(value, Exception)
+                and not issubclass(value, Warning)
+                and value.__module__.startswith("batchfold")
+            ):
+                found[f"{value.__module__}.{value.__qualname__}"] = value
+    assert found  # the walk saw the package
+    for where, cls in found.items():
+        if where in NOT_YET_MOVED:
+            assert cls.__name__ in errors.__all__, where
+            continue
+        assert cls.__module__ == "batchfold.errors", f"{where} is not defined in batchfold.errors"
+        assert cls.__name__ in errors.__all__, f"{where} is not in batchfold.errors.__all__"
+
+
+def test_errors_re_exported_where_they_are_raised_are_the_same_classes() -> None:
+    from batchfold import blocks
+    from batchfold.blocks import types
+    from batchfold.data import conllu, molecule_features, molecules, sst
+
+    assert blocks.BlockTypeError is types.BlockTypeError is bf.BlockTypeError
+    assert blocks.BlockInputError is types.BlockInputError is bf.BlockInputError
+    assert sst.SSTFormatError is bf.SSTFormatError
+    assert issubclass(bf.SSTFormatError, ValueError)
+    assert conllu.ConlluFormatError is bf.ConlluFormatError
+    assert molecules.MoleculeFormatError is molecule_features.MoleculeFormatError
+    assert molecules.MoleculeFormatError is bf.MoleculeFormatError
+    assert issubclass(bf.ConfigError, ValueError) and issubclass(bf.GraphError, RuntimeError)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import random
 from typing import Any
 
@@ -10,8 +11,16 @@ import pytest
 import torch
 
 import batchfold as bf
-from batchfold.schedule import Scheduler
+from batchfold import grouping
+from batchfold.graph import Graph, Signature, TensorMeta
+from batchfold.ops import OpRule
+from batchfold.schedule import Plan, Scheduler, schedule
 from reference import assert_matches_eager
+from schedule_reference import reference_agenda, reference_schedule
+
+schedule_module = importlib.import_module(
+    "batchfold.schedule"
+)  # the package exports a function by that name
 
 
 def complete(depth: int) -> Any:
@@ -157,3 +166,202 @@ def test_graph_lint_and_text() -> None:
 def test_unknown_scheduler_is_an_error() -> None:
     with pytest.raises(ValueError, match="scheduler must be 'agenda' or 'depth', got 'fifo'"):
         bf.batch_map(lambda x: torch.tensor(x), [1.0], scheduler="fifo")  # pyright: ignore[reportArgumentType]
+
+
+# Plans and groups equal to the reference scheduler's (the pre-O(n log n) code, verbatim) on
+# random graphs built directly, in one or two segments, through the Python and NumPy paths.
+
+
+def _never(sig: Signature, inputs: list[torch.Tensor], n: int) -> Any:
+    raise AssertionError("never run")
+
+
+def random_graph(rng: random.Random, instances: int, length: int) -> Graph:
+    """Instances that mostly follow one random program (so groups are wide), some ops random;
+    signatures of 0-3 inputs and 1-2 outputs, cheap or not; inputs often read twice."""
+    graph = Graph()
+    meta = TensorMeta.of((2,), torch.float32, torch.device("cpu"))
+    sigs = []
+    for i in range(rng.randint(1, 6)):
+        width, outs = rng.randint(0, 3) if i else 0, rng.randint(1, 2)
+        rule = OpRule(f"op{i}", _never, cheap=rng.random() < 0.5)
+        sigs.append(
+            graph.signature(
+                i, func=_never, rule=rule, name=f"op{i}", in_metas=(meta,) * width,
+                out_metas=(meta,) * outs, multi=tuple if outs > 1 else None,
+            )
+        )  # fmt: skip
+    sources = [sig for sig in sigs if not sig.in_metas]
+    program = [(rng.choice(sigs), [rng.random() for _ in range(3)]) for _ in range(length)]
+    extend_random_graph(graph, rng, instances, program, sources, [])
+    return graph
+
+
+def extend_random_graph(
+    graph: Graph,
+    rng: random.Random,
+    instances: int,
+    program: list[tuple[Signature, list[float]]],
+    sources: list[Signature],
+    old: list[int],
+) -> list[int]:
+    """Record ``program`` for each instance (reading ``old`` values too); returns all values."""
+    values = list(old)
+    for instance in range(instances):
+        mine = [value for value in old if rng.random() < 0.3]
+        for sig, picks in program:
+            if rng.random() < 0.15:
+                sig, picks = rng.choice(graph.signatures), [rng.random() for _ in range(3)]
+            if not mine and sig.in_metas:
+                sig = rng.choice(sources)
+            if sig.in_metas and rng.random() < 0.05 and values:
+                ins = [rng.choice(values) for _ in sig.in_metas]  # another instance's value
+            else:
+                ins = [mine[int(p * len(mine))] for p in picks[: len(sig.in_metas)]]
+            first = graph.add(sig, ins, instance, payload=0.0 if not sig.in_metas else None)
+            mine += [first + out for out in range(len(sig.out_metas))]
+        values += mine
+    return values
+
+
+def describe(plan: Plan) -> list[Any]:
+    """A plan as nested lists, arrays as ("array", dtype, values), for exact comparison."""
+
+    def value(x: Any) -> Any:
+        if isinstance(x, np.ndarray):
+            return ("array", str(x.dtype), x.tolist())
+        return x
+
+    steps = [
+        (
+            step.index,
+            step.sig.id,
+            value(step.nodes),
+            value(step.positions),
+            [([tuple(map(value, part)) for part in g.parts], value(g.order)) for g in step.gathers],
+            [(f.output, value(f.rows), f.sizes) for f in step.fanouts],
+        )
+        for step in plan.steps
+    ]
+    return [plan.node_base, value(plan.node_step), value(plan.node_row), steps]
+
+
+PATHS = {"default": None, "python": 10**9, "numpy": 0}
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("scheduler", ["agenda", "depth"])
+@pytest.mark.parametrize("seed", range(12))
+def test_plans_equal_the_reference_schedulers(
+    scheduler: Scheduler, seed: int, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if PATHS[path] is not None:
+        monkeypatch.setattr(grouping, "SMALL_BATCH", PATHS[path])
+        monkeypatch.setattr(schedule_module, "SMALL_GROUP", PATHS[path])
+    rng = random.Random(seed)
+    graph = random_graph(rng, rng.choice([1, 2, 5, 90]), rng.randint(1, 40))
+    graph.lint()
+    plan = schedule(graph, scheduler)
+    assert describe(plan) == describe(reference_schedule(graph, scheduler))
+    # a second segment, reading values of the first
+    old = [node << 16 for node in range(graph.pending)]
+    graph.clear_pending()
+    program = [(rng.choice(graph.signatures), [rng.random() for _ in range(3)]) for _ in range(9)]
+    sources = [sig for sig in graph.signatures if not sig.in_metas]
+    extend_random_graph(graph, rng, rng.choice([1, 3, 80]), program, sources, old)
+    at = (len(plan.steps), (plan.node_step, plan.node_row))
+    assert describe(schedule(graph, scheduler, *at)) == describe(
+        reference_schedule(graph, scheduler, *at)
+    )
+
+
+@pytest.mark.parametrize("small_batch", [0, 3, 10**9])
+@pytest.mark.parametrize("seed", range(30))
+def test_agenda_groups_equal_the_reference_rule(
+    seed: int, small_batch: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(grouping, "SMALL_BATCH", small_batch)
+    rng = random.Random(seed)
+    graph = random_graph(rng, rng.choice([1, 3, 40]), rng.randint(1, 60))
+    sig_of, depth, members = graph.pending_arrays()
+    inputs = {
+        sig: np.asarray(graph.pending_of[sig].inputs, dtype=np.int64).reshape(len(local), -1)
+        for sig, local in members.items()
+    }
+    expensive = np.array([not sig.rule.cheap for sig in graph.signatures], dtype=np.int64)
+    edges = grouping.pending_edges(members, inputs, graph.node_base)
+    order, bounds = grouping.by_agenda(sig_of, depth, expensive, *edges)
+    groups = [order[a:b].tolist() for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    want = reference_agenda(graph, sig_of, depth, members, inputs)
+    assert groups == [group.tolist() for group in want]
+
+
+@pytest.mark.parametrize("big", [False, True])
+def test_entries_sort_by_input_source_and_row(big: bool) -> None:
+    rng = np.random.default_rng(0)
+    input_of = np.sort(rng.integers(0, 50, 2000))
+    src = rng.integers(0, 4, 2000) << (40 if big else 16)  # big: one key would overflow
+    row = rng.integers(0, 1 << 20, 2000) // rng.integers(1, 1 << 20, 2000)  # ties too
+    got = schedule_module._sort_by_input_source_row(input_of, src, row)
+    np.testing.assert_array_equal(got, np.lexsort((row, src, input_of)))
+
+
+def test_an_empty_graph_has_an_empty_plan() -> None:
+    for scheduler in ("agenda", "depth"):
+        plan = schedule(Graph(), scheduler)  # pyright: ignore[reportArgumentType]
+        assert plan.steps == [] and plan.num_nodes == 0
+
+
+# Values equal eager execution on random programs: per instance a random mix of ops over a
+# chain of random length, so steps have 1 to many rows, read several outputs, and fan out.
+
+
+class RandomNet(torch.nn.Module):
+    def __init__(self, dim: int = 3) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(dim, dim)
+        self.split = torch.nn.Linear(dim, 2 * dim)
+
+    def forward(self, seed: int) -> torch.Tensor:
+        rng = random.Random(seed)
+        values = [torch.tensor([0.1 * seed, 0.5, -0.2])]
+        for _ in range(rng.randint(1, 30)):
+            a, b = rng.choice(values[-3:]), rng.choice(values)
+            op = rng.randrange(6)
+            if op == 0:
+                values.append(torch.tanh(self.lin(a)))
+            elif op == 1:
+                values += list(self.split(a).chunk(2))
+            elif op == 2:
+                values.append(a * b + torch.sigmoid(a))
+            elif op == 3:
+                values.append(a - 0.5 * b)
+            elif op == 4:
+                values.append(torch.sin(a) + torch.tensor(float(seed % 3)))
+            else:
+                values.append(torch.stack([a, b, a]).mean(0))
+        return torch.stack(values[-2:]).sum(0) + values[len(values) // 2]
+
+
+@pytest.mark.parametrize("scheduler", ["agenda", "depth"])
+@pytest.mark.parametrize("seed", range(4))
+def test_random_programs_match_eager(scheduler: Scheduler, seed: int, float64: None) -> None:
+    rng = random.Random(seed)
+    model = RandomNet()
+    seeds = [rng.randrange(8) for _ in range(rng.choice([1, 3, 12]))]  # repeats: wide steps
+    assert_matches_eager(model, seeds, model, scheduler)
+
+
+@pytest.mark.parametrize("scheduler", ["agenda", "depth"])
+def test_chains_of_different_lengths_match_eager(scheduler: Scheduler, float64: None) -> None:
+    lin = torch.nn.Linear(2, 2)
+
+    def rnn(n: int) -> torch.Tensor:
+        h = torch.zeros(2)
+        for i in range(n):
+            h = torch.tanh(lin(h) + 0.01 * i) * h.sigmoid()
+        return h
+
+    stats = assert_matches_eager(rnn, [40, 3, 100, 41, 101], lin, scheduler)
+    assert stats.plan is not None
+    assert {len(step.nodes) for step in stats.plan.steps} == {1, 2, 3, 4, 5}

@@ -1,8 +1,10 @@
-"""The ``batchfold`` command: ``batchfold train <task>`` and ``batchfold eval <task>``.
+"""The ``batchfold`` command: ``batchfold train <task>``, ``batchfold eval <task>`` and
+``batchfold report RUN_DIR``.
 
 A task is a module of :mod:`batchfold.training` with ``add_arguments(parser)`` and
 ``make_task(args)``; only the module of the task named on the command line is imported.
-Training and evaluation themselves live in :mod:`batchfold.training.loop`.
+Training and evaluation themselves live in :mod:`batchfold.training.loop`, the HTML report
+of a run folder in :mod:`batchfold.training.report`.
 """
 
 from __future__ import annotations
@@ -16,26 +18,34 @@ from types import ModuleType
 
 import torch
 
+from .errors import CommandLineError
+
 __all__ = ["COMMANDS", "TASKS", "build_parser", "main"]
 
 TASKS = {
     "sst": "batchfold.training.sst",
     "tagger": "batchfold.training.tagger",
     "parser": "batchfold.training.parser",
+    "esol": "batchfold.training.esol",
+    "tox21": "batchfold.training.tox21",
 }
 """Task name -> the module that defines it (imported only when that task is run)."""
 
 COMMANDS = {
     "train": "train a model; writes checkpoints, metrics, curves and test results to --out",
     "eval": "evaluate a saved checkpoint and print its metrics",
+    "report": "write a run folder's report.html (batchfold report RUN_DIR [--out FILE])",
 }
 """Command name -> what it does."""
 
-_USAGE = "batchfold {train,eval} {" + ",".join(TASKS) + "} [options]"
+TASK_COMMANDS = ("train", "eval")
+"""The commands that take a task name."""
 
-
-class CommandLineError(Exception):
-    """A command line that names no known command or task, or a task that cannot be loaded."""
+_USAGE = (
+    "batchfold {train,eval} {" + ",".join(TASKS) + "} [options]\n"
+    "       batchfold report RUN_DIR [--out FILE]"
+)
+_UNKNOWN = "expected one of: " + ", ".join(COMMANDS)
 
 
 def _top_help() -> str:
@@ -91,11 +101,11 @@ def build_parser(command: str, task: str) -> argparse.ArgumentParser:
     Example:
         >>> args = build_parser("train", "sst").parse_args(["--epochs", "2", "--hidden", "8"])
         >>> args.epochs, args.hidden, args.batch_size
-        (2, 8, 100)
+        (2, 8, 25)
     """
     from batchfold.training import loop
 
-    if command not in COMMANDS:
+    if command not in TASK_COMMANDS:
         raise CommandLineError(f"unknown command {command!r}; expected one of: train, eval")
     module = load_task_module(task)
     if command == "train":
@@ -120,7 +130,7 @@ def _split_command(argv: Sequence[str]) -> tuple[str, str] | None:
         return None
     command = argv[0]
     if command not in COMMANDS:
-        raise CommandLineError(f"unknown command {command!r}; expected one of: train, eval")
+        raise CommandLineError(f"unknown command {command!r}; {_UNKNOWN}")
     if len(argv) < 2:
         raise CommandLineError(f"'batchfold {command}' needs a task: one of {', '.join(TASKS)}")
     if argv[1] in ("-h", "--help"):
@@ -136,6 +146,7 @@ def _run(command: str, task: str, options: Sequence[str]) -> int:
     if command == "train":
         args = parser.parse_args(options, namespace=argparse.Namespace(task=task))
         _set_threads(args.threads)
+        loop.prepare_out(args.out)  # before make_task reads the data: fail fast
         loop.train(module.make_task(args), args)
         return 0
     # eval: the checkpoint's config fills every option the command line leaves out.
@@ -154,6 +165,25 @@ def _run(command: str, task: str, options: Sequence[str]) -> int:
     return 0
 
 
+def _report(options: Sequence[str]) -> int:
+    """``batchfold report RUN_DIR [--out FILE]``."""
+    from batchfold.training.report import write_report
+
+    parser = argparse.ArgumentParser(
+        prog="batchfold report",
+        description="Write one self-contained HTML file about a run folder of batchfold "
+        "train: configuration, learning curves, speed, and the plan, batch sizes, phases and "
+        "profiler table of a sample batch.",
+    )
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="a folder written by batchfold train")
+    parser.add_argument(
+        "--out", metavar="FILE", default=None, help="the HTML file (default: RUN_DIR/report.html)"
+    )
+    args = parser.parse_args(options)
+    print(write_report(args.run_dir, args.out))
+    return 0
+
+
 def _set_threads(threads: int | None) -> None:
     if threads is not None:
         if threads < 1:
@@ -168,10 +198,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv: the arguments after the program name (default: ``sys.argv[1:]``).
 
     Returns:
-        The exit status: 0 on success, 1 when data is missing or an option is wrong, 2 for a
-        command line that names no known command or task.
+        The exit status: 0 on success, 1 when data is missing, an option is wrong or a file
+        cannot be read or written (a one-line message names it; set ``BATCHFOLD_DEBUG=1`` for
+        the traceback), 2 for a command line that names no known command or task.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "report":
+        try:
+            return _report(argv[1:])
+        except (OSError, ValueError) as err:
+            if os.environ.get("BATCHFOLD_DEBUG"):
+                raise
+            print(f"batchfold report: error: {err}", file=sys.stderr)
+            return 1
     try:
         split = _split_command(argv)
     except CommandLineError as err:
@@ -190,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CommandLineError as err:
         print(f"batchfold: error: {err}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, ValueError) as err:  # missing data, bad options, bad files
+    except (OSError, ValueError) as err:  # missing data, bad options, bad or unwritable files
         if os.environ.get("BATCHFOLD_DEBUG"):
             raise
         print(f"batchfold {command} {task}: error: {err}", file=sys.stderr)

@@ -3,34 +3,49 @@
 Each step gathers its inputs from the outputs of any earlier step (a view when the rows are
 one contiguous slice of one output), calls its op's batching rule once, and keeps the
 outputs as one tensor per op output. Autograd runs through it all, so gradients reach every
-parameter. :class:`Store` keeps the outputs of every segment run so far.
+parameter. :class:`Executor` keeps the outputs of every segment run so far.
 """
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from typing import Any
 
 import numpy as np
 import torch
 
-from .errors import ShapeError
+from .errors import BatchingRuleError, ShapeError
 from .graph import OUT_BITS, OUT_MASK, Signature
 from .ops import LOOP, VMAP
+from .profile import Profile, StepClock, mark
 from .schedule import Gather, Plan, Step
 
 Tensor = torch.Tensor
 
 
-class Store:
-    """Every step output computed so far, and where each value lives in them."""
+class Fallbacks:
+    """Nodes that ran without a batching rule of their own: counted per op and how.
+
+    ``looped`` holds the signatures whose vmap failed: they run once per instance from then
+    on, without trying vmap again.
+    """
 
     def __init__(self) -> None:
-        self.outputs: list[tuple[Tensor, ...] | None] = []
+        self.counts: Counter[str] = Counter()
+        self.looped: set[int] = set()
+
+
+class Executor:
+    """Runs plans: every step output computed so far, and where each value lives in them."""
+
+    def __init__(self) -> None:
+        self.outputs: list[tuple[Tensor, ...]] = []
         self.node_step = np.zeros(0, dtype=np.int64)
         self.node_row = np.zeros(0, dtype=np.int64)
-        self.fallbacks: Counter[str] = Counter()
+        self.fallbacks = Fallbacks()
         self.chunks: dict[tuple[int, int], tuple[Tensor, ...]] = {}  # (step, output) -> fanout
+        self.profile: Profile | None = None  # set to time every step
 
     @property
     def locations(self) -> tuple[np.ndarray, np.ndarray]:
@@ -41,7 +56,6 @@ class Store:
         """The tensor of computed value ``v`` (a view into its step's output)."""
         node = v >> OUT_BITS
         outputs = self.outputs[int(self.node_step[node])]
-        assert outputs is not None, f"value {v} was freed"
         return outputs[v & OUT_MASK][int(self.node_row[node])]
 
     def values(self, vids: list[int]) -> list[Tensor]:
@@ -55,7 +69,6 @@ class Store:
         cuts = np.flatnonzero(np.diff(source[order])) + 1
         for group in np.split(order, cuts):
             outputs = self.outputs[int(self.node_step[nodes[group[0]]])]
-            assert outputs is not None
             tensor = outputs[int(ids[group[0]] & OUT_MASK)]
             index = torch.from_numpy(rows[group]).to(tensor.device)
             for position, value in zip(group, tensor.index_select(0, index).unbind(0), strict=True):
@@ -76,37 +89,33 @@ class Store:
         self.node_row = np.concatenate([self.node_row, plan.node_row])
 
     def _run_step(self, step: Step) -> tuple[Tensor, ...]:
+        if self.profile is not None:
+            return self._profiled_step(step, self.profile)
         sig, n = step.sig, len(step.nodes)
         if not sig.in_metas:
-            return (_sources(sig, [sig.payloads[p] for p in step.positions]),)
-        inputs = [self._gather(g) for g in step.gathers]
-        rule = sig.rule
-        try:
-            out = rule.batched(sig, inputs, n)
-        except Exception as error:
-            if rule is not VMAP:
-                raise ShapeError(
-                    f"{sig.name} recorded at {sig.site} failed when run over {n} instances: "
-                    f"{type(error).__name__}: {error}"
-                ) from error
-            sig.rule = LOOP  # vmap cannot batch this op; run it once per instance from now on
-            out = LOOP.batched(sig, inputs, n)
-        if rule is VMAP or sig.rule is LOOP:
-            self.fallbacks[f"{sig.name} ({sig.rule.name})"] += n
-        outs = tuple(out) if sig.multi else (out,)
-        for tensor, meta in zip(outs, sig.out_metas, strict=True):
-            if tensor.shape[1:] != meta.shape or tensor.shape[0] != n:
-                raise ShapeError(
-                    f"batching rule {sig.rule.name} of {sig.name} (recorded at {sig.site}) "
-                    f"returned {tuple(tensor.shape)}, expected {(n, *meta.shape)}"
-                )
+            return (sources_batch(sig, step.payloads or []),)
+        return run_op(sig, [self._gather(g) for g in step.gathers], n, self.fallbacks)
+
+    def _profiled_step(self, step: Step, profile: Profile) -> tuple[Tensor, ...]:
+        sig, n = step.sig, len(step.nodes)
+        with torch.profiler.record_function(f"bf:{sig.name} x{n}"):
+            start = time.perf_counter()
+            clock = StepClock()
+            if not sig.in_metas:
+                outs: tuple[Tensor, ...] = (sources_batch(sig, step.payloads or []),)
+                gathered = 0
+            else:
+                inputs = [self._gather(g) for g in step.gathers]
+                gathered = sum(len(x) for x in inputs)
+                outs = run_op(sig, mark(clock, inputs, start=False), n, self.fallbacks)
+            outs = tuple(mark(clock, outs, start=True))
+            clock.entry = profile.step(sig, n, gathered, outs, time.perf_counter() - start)
         return outs
 
     def _gather(self, gather: Gather) -> Tensor:
         pieces = []
         for part in gather.parts:
             outputs = self.outputs[part[0]]
-            assert outputs is not None
             source = outputs[part[1]]
             if len(part) == 4:
                 pieces.append(source[part[2] : part[3]])
@@ -121,9 +130,61 @@ class Store:
         return x
 
 
-def _sources(sig: Signature, payloads: list[Any]) -> Tensor:
+def sources_batch(sig: Signature, payloads: list[Any]) -> Tensor:
     """Stack the per-instance constants of a source step into one tensor."""
     meta = sig.out_metas[0]
-    if sig.template[0] == ("scalar",):
+    if sig.source == "scalar":
         return torch.tensor(payloads, dtype=meta.dtype, device=meta.device)
     return torch.stack(payloads)
+
+
+def run_op(
+    sig: Signature, inputs: list[Tensor], n: int, fallbacks: Fallbacks
+) -> tuple[Tensor, ...]:
+    """One batched call of ``sig``'s op on ``inputs`` (each ``[n, ...]``): its outputs.
+
+    The call runs under the grad mode its nodes were recorded in. An op whose vmap fails
+    runs once per instance from then on; both are counted in ``fallbacks``. Outputs are
+    checked against the recorded shapes and dtypes.
+    """
+    mode = sig.grad
+    if mode is None or mode == torch.is_grad_enabled():
+        return _call_rule(sig, inputs, n, fallbacks)
+    with torch.set_grad_enabled(bool(mode)):
+        return _call_rule(sig, inputs, n, fallbacks)
+
+
+def _call_rule(
+    sig: Signature, inputs: list[Tensor], n: int, fallbacks: Fallbacks
+) -> tuple[Tensor, ...]:
+    rule = LOOP if sig.id in fallbacks.looped and sig.rule is VMAP else sig.rule
+    try:
+        out = rule.batched(sig, inputs, n)
+    except Exception as error:
+        if rule is not VMAP:
+            raise BatchingRuleError(
+                f"batching rule {rule.name!r} of {sig.name} (recorded at {sig.site}) failed "
+                f"over {n} instances: {type(error).__name__}: {error}. The op itself "
+                "accepted these inputs when recorded, so this is a bug in batchfold's rule; "
+                "please report it with this message."
+            ) from error
+        fallbacks.looped.add(sig.id)  # vmap cannot batch this op: once per instance from now on
+        rule = LOOP
+        out = LOOP.batched(sig, inputs, n)
+    if rule is VMAP or rule is LOOP:
+        fallbacks.counts[f"{sig.name} ({rule.name})"] += n
+    outs = tuple(out) if sig.multi else (out,)
+    for tensor, meta in zip(outs, sig.out_metas, strict=True):
+        if tensor.shape[1:] != meta.shape or tensor.shape[0] != n or tensor.dtype != meta.dtype:
+            if getattr(sig.func, "batched", False):  # a user's bf.function(batched=True)
+                raise ShapeError(
+                    f"{sig.name} (a bf.function with batched=True, called at {sig.site}) "
+                    f"returned {tensor.dtype} {tuple(tensor.shape)} for a batch of {n}; "
+                    f"expected {meta.dtype} {(n, *meta.shape)}, one row per instance"
+                )
+            raise BatchingRuleError(
+                f"batching rule {rule.name} of {sig.name} (recorded at {sig.site}) "
+                f"returned {tensor.dtype} {tuple(tensor.shape)}, expected {meta.dtype} "
+                f"{(n, *meta.shape)}: a bug in batchfold's rule; please report it"
+            )
+    return outs

@@ -39,8 +39,8 @@ class TensorMeta:
         """The one ``TensorMeta`` with these fields."""
         key = (shape, dtype, device)
         meta = cls._interned.get(key)
-        if meta is None:
-            meta = cls._interned[key] = cls(shape, dtype, device)
+        if meta is None:  # setdefault: two threads interning one key get one object
+            meta = cls._interned.setdefault(key, cls(shape, dtype, device))
         return meta
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -67,9 +67,12 @@ class Signature:
     """What a set of nodes share so that they may run as one batched call.
 
     ``key`` is compared in full (never by hash alone). ``template`` holds the call's arguments
-    with a :class:`Slot` for every per-instance input. ``nodes``, ``inputs`` (one row of
-    ``len(in_metas)`` value ids per node), ``instances`` and ``payloads`` (per-node data of
-    source nodes, which have no inputs) list this signature's pending nodes.
+    with a :class:`Slot` for every per-instance input. ``source`` is ``None`` for an op, and
+    for a node with no inputs whose value is its payload, how the payloads make a batch:
+    ``"scalar"`` (Python numbers) or ``"tensor"`` (tensors to stack). ``grad`` is the grad
+    mode its nodes were recorded in (0 no grad, 1 grad; ``None``: the caller's), and ``shared``
+    the outside tensors its template reads, each with the version it had then. The nodes
+    waiting to run are not kept here but in the graph's :class:`Pending` buffers.
     """
 
     __slots__ = (
@@ -83,39 +86,55 @@ class Signature:
         "out_metas",
         "multi",
         "site",
-        "nodes",
-        "inputs",
-        "instances",
-        "payloads",
+        "source",
+        "grad",
+        "shared",
     )
 
     def __init__(
         self,
         id: int,
         key: Any,
+        *,
         func: Callable[..., Any],
         rule: Any,
         name: str,
-        template: tuple[Any, Any],
-        in_metas: tuple[TensorMeta, ...],
+        template: tuple[Any, Any] = ((), {}),
+        in_metas: tuple[TensorMeta, ...] = (),
         out_metas: tuple[TensorMeta, ...],
-        multi: type | None,
-        site: str,
+        multi: type | None = None,
+        site: str = "",
+        source: str | None = None,
     ) -> None:
         self.id, self.key, self.func, self.rule, self.name = id, key, func, rule, name
         self.template = template
         self.in_metas, self.out_metas = in_metas, out_metas
         self.multi = multi  # None: one tensor out; else the tuple type the op returns
         self.site = site  # file:line where the first node of this signature was recorded
-        self.nodes: list[int] = []
-        self.inputs: list[int] = []
-        self.instances: list[int] = []
-        self.payloads: list[Any] = []
+        self.source = source
+        self.grad: int | None = None
+        self.shared: tuple[tuple[torch.Tensor, int], ...] = ()
 
     def __repr__(self) -> str:
         ins = ", ".join(map(repr, self.in_metas))
         outs = ", ".join(map(repr, self.out_metas))
         return f"Signature({self.id}, {self.name}({ins}) -> {outs})"
+
+
+class Pending:
+    """One signature's nodes recorded and not yet run, owned by the graph.
+
+    ``nodes`` are global node ids; ``inputs`` one row of ``len(sig.in_metas)`` value ids per
+    node; ``instances`` the instance of each node; ``payloads`` the value of each source node.
+    """
+
+    __slots__ = ("nodes", "inputs", "instances", "payloads")
+
+    def __init__(self) -> None:
+        self.nodes: list[int] = []
+        self.inputs: list[int] = []
+        self.instances: list[int] = []
+        self.payloads: list[Any] = []
 
 
 class Graph:
@@ -128,9 +147,10 @@ class Graph:
         >>> import torch
         >>> g = Graph()
         >>> meta = TensorMeta.of((3,), torch.float32, torch.device("cpu"))
-        >>> src = g.signature("c", torch.zeros, None, "zeros", ((), {}), (), (meta,), None, "")
+        >>> src = g.signature("c", func=torch.zeros, rule=None, name="zeros", out_metas=(meta,))
         >>> v = g.add(src, (), instance=0, payload=torch.zeros(3))
-        >>> neg = g.signature("n", torch.neg, None, "neg", ((), {}), (meta,), (meta,), None, "")
+        >>> neg = g.signature("n", func=torch.neg, rule=None, name="neg", in_metas=(meta,),
+        ...                   out_metas=(meta,))
         >>> g.add(neg, (v,), instance=0) >> OUT_BITS
         1
         >>> g.lint(); print(g)
@@ -140,6 +160,7 @@ class Graph:
 
     def __init__(self) -> None:
         self.signatures: list[Signature] = []
+        self.pending_of: list[Pending] = []  # per signature id, its nodes waiting to run
         self._by_key: dict[Any, Signature] = {}
         self.node_base = 0  # nodes below this have been run
         self.node_depth: list[int] = []  # depth of each pending node (index node - node_base)
@@ -148,23 +169,15 @@ class Graph:
         """The signature with exactly this key, if one was made."""
         return self._by_key.get(key)
 
-    def signature(
-        self,
-        key: Any,
-        func: Callable[..., Any],
-        rule: Any,
-        name: str,
-        template: tuple[Any, Any],
-        in_metas: tuple[TensorMeta, ...],
-        out_metas: tuple[TensorMeta, ...],
-        multi: type | None,
-        site: str,
-    ) -> Signature:
-        """Make and register a new signature (callers check :meth:`lookup` first)."""
-        sig = Signature(
-            len(self.signatures), key, func, rule, name, template, in_metas, out_metas, multi, site
-        )
+    def signature(self, key: Any, **fields: Any) -> Signature:
+        """Make and register a new signature (callers check :meth:`lookup` first).
+
+        ``fields`` are :class:`Signature`'s keyword arguments (``func``, ``rule``, ``name``,
+        ``template``, ``in_metas``, ``out_metas``, ``multi``, ``site``, ``source``).
+        """
+        sig = Signature(len(self.signatures), key, **fields)
         self.signatures.append(sig)
+        self.pending_of.append(Pending())
         self._by_key[key] = sig
         return sig
 
@@ -184,11 +197,12 @@ class Graph:
                 depth = depths[producer] + 1
         node = base + len(depths)
         depths.append(depth)
-        sig.nodes.append(node)
-        sig.inputs.extend(inputs)
-        sig.instances.append(instance)
+        pending = self.pending_of[sig.id]
+        pending.nodes.append(node)
+        pending.inputs.extend(inputs)
+        pending.instances.append(instance)
         if payload is not None:
-            sig.payloads.append(payload)
+            pending.payloads.append(payload)
         return node << OUT_BITS
 
     @property
@@ -204,50 +218,129 @@ class Graph:
         """
         sig_of = np.zeros(len(self.node_depth), dtype=np.int64)
         members = {}
-        for sig in self.signatures:
-            if sig.nodes:
-                local = members[sig.id] = np.asarray(sig.nodes, dtype=np.int64) - self.node_base
-                sig_of[local] = sig.id
+        for sig_id, pending in enumerate(self.pending_of):
+            if pending.nodes:
+                local = members[sig_id] = np.asarray(pending.nodes, dtype=np.int64) - self.node_base
+                sig_of[local] = sig_id
         return sig_of, np.asarray(self.node_depth, dtype=np.int64), members
 
     def clear_pending(self) -> None:
         """Start a new segment: everything recorded so far has been run."""
         self.node_base += len(self.node_depth)
         self.node_depth = []
-        for sig in self.signatures:
-            sig.nodes, sig.inputs, sig.instances, sig.payloads = [], [], [], []
+        self.pending_of = [Pending() for _ in self.signatures]
 
     def lint(self) -> None:
-        """Check the graph's invariants; raises ``AssertionError`` on a broken graph."""
-        seen = 0
-        for sig in self.signatures:
-            width = len(sig.in_metas)
-            assert len(sig.inputs) == width * len(sig.nodes), f"{sig}: inputs do not match nodes"
-            assert len(sig.instances) == len(sig.nodes), f"{sig}: instances do not match nodes"
-            assert not sig.payloads or len(sig.payloads) == len(sig.nodes)
-            for i, node in enumerate(sig.nodes):
-                for v in sig.inputs[i * width : (i + 1) * width]:
-                    assert v >> OUT_BITS < node, f"node {node} reads value {v} of a later node"
-                    assert v & OUT_MASK < 1 << OUT_BITS
-            seen += len(sig.nodes)
-        assert seen == len(self.node_depth), "a pending node belongs to no signature"
+        """Check the pending segment's invariants; raise :class:`GraphError` on a broken graph.
+
+        Every signature has one row of ``len(in_metas)`` inputs and one instance per pending
+        node (and one payload each, if any); pending nodes are numbered ``node_base`` up,
+        each in exactly one signature; a node reads only values of earlier nodes, and a
+        pending producer's value exists and has the meta the reader expects; each node's depth
+        is one more than its deepest pending producer's (0 with none). The checks are real
+        ``raise`` statements, so they also run under ``python -O``.
+
+        Raises:
+            GraphError: the first broken invariant, naming the signature, where it was
+                recorded, and the node.
+
+        Example:
+            >>> import torch
+            >>> g = Graph()
+            >>> meta = TensorMeta.of((3,), torch.float32, torch.device("cpu"))
+            >>> src = g.signature("c", func=torch.zeros, rule=None, name="zeros",
+            ...                   out_metas=(meta,), site="a.py:1")
+            >>> neg = g.signature("n", func=torch.neg, rule=None, name="neg", in_metas=(meta,),
+            ...                   out_metas=(meta,), site="a.py:2")
+            >>> w = g.add(neg, (g.add(src, (), instance=0),), instance=0)
+            >>> g.lint()  # a well-formed graph: nothing happens
+            >>> g.pending_of[neg.id].inputs[0] = w  # broken by hand: node 1 now reads its own output
+            >>> g.lint()
+            Traceback (most recent call last):
+              ...
+            batchfold.errors.GraphError: Signature(1, neg(float32[3]) -> float32[3]) (recorded at a.py:2): node 1 reads v1.0, a value of node 1, which is not an earlier node
+        """
+        from .errors import GraphError
+
+        base, count = self.node_base, len(self.node_depth)
+        owner: list[Signature | None] = [None] * count  # the signature of each pending node
+        row: list[int] = [0] * count  # each pending node's position in its signature
+
+        def fail(sig: Signature, message: str) -> GraphError:
+            return GraphError(f"{sig} (recorded at {sig.site or 'an unknown site'}): {message}")
+
+        for sig, pending in zip(self.signatures, self.pending_of, strict=True):
+            n, width = len(pending.nodes), len(sig.in_metas)
+            if len(pending.inputs) != width * n:
+                raise fail(sig, f"{len(pending.inputs)} input value ids for {n} nodes of {width}")
+            if len(pending.instances) != n:
+                raise fail(sig, f"{len(pending.instances)} instance ids for {n} nodes")
+            if pending.payloads and len(pending.payloads) != n:
+                raise fail(sig, f"{len(pending.payloads)} payloads for {n} nodes")
+            for i, node in enumerate(pending.nodes):
+                if not base <= node < base + count:
+                    raise fail(
+                        sig, f"node {node} is not pending (pending: {base}..{base + count - 1})"
+                    )
+                other = owner[node - base]
+                if other is not None:
+                    raise fail(sig, f"node {node} also belongs to {other}")
+                owner[node - base], row[node - base] = sig, i
+                if pending.instances[i] < 0:
+                    raise fail(sig, f"node {node} has instance {pending.instances[i]}")
+        for local, sig in enumerate(owner):
+            if sig is None:
+                raise GraphError(f"pending node {base + local} belongs to no signature")
+            node, width = base + local, len(sig.in_metas)
+            depth = 0
+            reads = self.pending_of[sig.id].inputs[row[local] * width : (row[local] + 1) * width]
+            for j, v in enumerate(reads):
+                producer, out = v >> OUT_BITS, v & OUT_MASK
+                if v < 0 or producer >= node:
+                    raise fail(
+                        sig,
+                        f"node {node} reads v{producer}.{out}, a value of node {producer}, "
+                        "which is not an earlier node",
+                    )
+                if producer < base:
+                    continue  # computed in an earlier segment
+                made_by = owner[producer - base]
+                if made_by is None:  # an earlier pending node: already raised above
+                    raise GraphError(f"pending node {producer} belongs to no signature")
+                if out >= len(made_by.out_metas):
+                    raise fail(
+                        sig,
+                        f"node {node} reads v{producer}.{out}, but {made_by} has "
+                        f"{len(made_by.out_metas)} output(s)",
+                    )
+                if made_by.out_metas[out] is not sig.in_metas[j]:
+                    raise fail(
+                        sig,
+                        f"node {node} input {j} expects {sig.in_metas[j]!r}, but v{producer}.{out} "
+                        f"of {made_by} is {made_by.out_metas[out]!r}",
+                    )
+                depth = max(depth, self.node_depth[producer - base] + 1)
+            if self.node_depth[local] != depth:
+                raise fail(
+                    sig, f"node {node} has depth {self.node_depth[local]}, its inputs give {depth}"
+                )
 
     def __str__(self) -> str:
         lines = []
-        for sig in self.signatures:
+        for sig, pending in zip(self.signatures, self.pending_of, strict=True):
             width = len(sig.in_metas)
             outs = ", ".join(map(repr, sig.out_metas))
-            for i, node in enumerate(sig.nodes):
+            for i, node in enumerate(pending.nodes):
                 args = ", ".join(
                     f"v{v >> OUT_BITS}.{v & OUT_MASK}"
-                    for v in sig.inputs[i * width : (i + 1) * width]
+                    for v in pending.inputs[i * width : (i + 1) * width]
                 )
                 depth = self.node_depth[node - self.node_base]
                 lines.append(
                     (
                         node,
                         f"node {node}  {sig.name}({args}) -> {outs}  "
-                        f"depth {depth}  instance {sig.instances[i]}",
+                        f"depth {depth}  instance {pending.instances[i]}",
                     )
                 )
         return "\n".join(line for _, line in sorted(lines))

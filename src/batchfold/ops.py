@@ -9,118 +9,91 @@ and, if vmap cannot batch it, once per instance; both are counted in the statist
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
+from . import ops_matrix as ops_matrix  # registers the layer and matrix rules
 from .graph import Signature, Slot, TensorMeta
+from .opbase import (
+    LOOP,
+    RULES,
+    VMAP,
+    Batched,
+    OpRule,
+    batched_loop,
+    batched_vmap,
+    call_one,
+    fill,
+    has_slot,
+    lift,
+    named,
+    register,
+)
 
 Tensor = torch.Tensor
-Batched = Callable[[Signature, list[Tensor], int], Any]
-
-
-@dataclass(frozen=True, slots=True)
-class OpRule:
-    """How to run one op over a batch; ``cheap`` ops (elementwise, views) win agenda ties."""
-
-    name: str
-    batched: Batched
-    cheap: bool = False
-    # whether the rule fits a call's template and per-instance input metas; else vmap
-    applies: Callable[[tuple[Any, ...], dict[str, Any], tuple[TensorMeta, ...]], bool] | None = None
-
-
-RULES: dict[Any, OpRule] = {}
-
-
-def fill(template: Any, values: Sequence[Any]) -> Any:
-    """Replace every :class:`Slot` in ``template`` (nested tuples, lists, dicts) by its value."""
-    kind = type(template)
-    if kind is Slot:
-        return values[template.index]
-    if kind is tuple or kind is list:
-        return kind(fill(item, values) for item in template)
-    if kind is dict:
-        return {name: fill(item, values) for name, item in template.items()}
-    return template
-
-
-def call_one(sig: Signature, values: Sequence[Any]) -> Any:
-    """Call the op of ``sig`` on one instance's inputs (the unbatched meaning)."""
-    args, kwargs = sig.template
-    return sig.func(*fill(args, values), **fill(kwargs, values))
-
-
-def has_slot(template: Any) -> bool:
-    """Whether a (nested) template holds a per-instance input."""
-    kind = type(template)
-    if kind is Slot:
-        return True
-    if kind is tuple or kind is list:
-        return any(has_slot(item) for item in template)
-    if kind is dict:
-        return any(has_slot(item) for item in template.values())
-    return False
-
-
-def _register(funcs: Sequence[Any], rule: OpRule) -> None:
-    for func in funcs:
-        if func is not None:
-            RULES[func] = rule
-
-
-def _named(*names: str) -> list[Any]:
-    """``torch.X``, ``torch.Tensor.X`` and ``F.X`` for each name, where they exist."""
-    found = []
-    for name in names:
-        for space in (torch, torch.Tensor, F):
-            func = getattr(space, name, None)
-            if callable(func) and not isinstance(func, torch.dtype) and func not in found:
-                found.append(func)
-    return found
-
-
-# vmap: the rule of every op without a row of its own -------------------------------------
-
-
-def batched_vmap(sig: Signature, inputs: list[Tensor], n: int) -> Any:
-    """Batch any op with ``torch.func.vmap`` over dimension 0 of every per-instance input."""
-    return torch.func.vmap(lambda *xs: call_one(sig, xs), randomness="different")(*inputs)
-
-
-def batched_loop(sig: Signature, inputs: list[Tensor], n: int) -> Any:
-    """Run the op once per instance and stack the results (the last resort)."""
-    results = [call_one(sig, [x[i] for x in inputs]) for i in range(n)]
-    if sig.multi:
-        return tuple(torch.stack(parts) for parts in zip(*results, strict=True))
-    return torch.stack(results)
-
-
-VMAP = OpRule("vmap", batched_vmap)
-LOOP = OpRule("loop", batched_loop)
-
+__all__ = [
+    "LOOP",
+    "RULES",
+    "VMAP",
+    "Batched",
+    "OpRule",
+    "batched_loop",
+    "batched_vmap",
+    "call_one",
+    "fill",
+    "has_slot",
+    "lift",
+    "rule_for",
+]
 
 # elementwise ops: lift each input to the output's rank, then broadcasting does the rest ----
 
 
-def _lift(x: Tensor, rank: int) -> Tensor:
-    """View ``x`` [n, *shape] as [n, 1, ..., *shape] with ``rank`` dims after the batch dim."""
-    missing = rank + 1 - x.dim()
-    return x[(slice(None),) + (None,) * missing] if missing > 0 else x
-
-
 def batched_rowwise(sig: Signature, inputs: list[Tensor], n: int) -> Any:
-    """Elementwise op: per-instance dims line up behind the batch dim, shared tensors broadcast."""
+    """Elementwise op: per-instance dims line up behind the batch dim, shared tensors broadcast.
+
+    A per-instance 0-d input has a batch dim here, so PyTorch would let its dtype take part
+    in type promotion, where eagerly a 0-d tensor yields to tensors with dims of its own
+    category: such an input is cast to what eager promotion gives.
+    """
     rank = len(sig.out_metas[0].shape)
-    return call_one(sig, [_lift(x, rank) for x in inputs])
+    lifted = [lift(x, rank) for x in inputs]
+    for i, dtype in _zero_d_casts(sig):
+        lifted[i] = lifted[i].to(dtype)
+    return call_one(sig, lifted)
+
+
+def _category(dtype: torch.dtype) -> int:
+    if dtype.is_complex:
+        return 3
+    if dtype.is_floating_point:
+        return 2
+    return 0 if dtype == torch.bool else 1
+
+
+def _zero_d_casts(sig: Signature) -> list[tuple[int, torch.dtype]]:
+    """``(input, dtype)`` for each per-instance 0-d input that eager promotion casts."""
+    metas = sig.in_metas
+    if all(m.shape for m in metas):
+        return []
+    dims = [m.dtype for m in metas if m.shape]
+    dims += [t.dtype for t, _ in sig.shared if t.dim() > 0]
+    if not dims:
+        return []
+    common = dims[0]
+    for dtype in dims[1:]:
+        common = torch.promote_types(common, dtype)
+    return [
+        (i, common)
+        for i, m in enumerate(metas)
+        if not m.shape and m.dtype != common and _category(m.dtype) == _category(common)
+    ]
 
 
 ROWWISE = OpRule("rowwise", batched_rowwise, cheap=True)
-_register(
-    _named(
+register(
+    named(
         "abs",
         "neg",
         "exp",
@@ -246,76 +219,6 @@ _register(
 )
 
 
-# layers whose weights are shared: the batch dim is one more leading dim -------------------
-
-
-def batched_direct(sig: Signature, inputs: list[Tensor], n: int) -> Any:
-    """The op already accepts any number of leading dims: call it on the batch as it is."""
-    return call_one(sig, inputs)
-
-
-def _only_first_slot(
-    args: tuple[Any, ...], kwargs: dict[str, Any], metas: tuple[TensorMeta, ...]
-) -> bool:
-    return not has_slot(args[1:]) and not has_slot(kwargs)
-
-
-_register(
-    [F.linear, F.embedding, F.layer_norm, torch.layer_norm],
-    OpRule("leading-dims", batched_direct, applies=_only_first_slot),
-)
-
-
-def batched_matmul(sig: Signature, inputs: list[Tensor], n: int) -> Any:
-    """``x @ W`` with x per-instance and W shared, or ``W @ x`` with W a shared matrix."""
-    args = sig.template[0]
-    if type(args[0]) is Slot:
-        return torch.matmul(inputs[0], args[1])
-    weight, x = args[0], inputs[0]
-    if len(sig.in_metas[0].shape) == 1:
-        return torch.matmul(x, weight.transpose(-1, -2))
-    return torch.matmul(weight, x)
-
-
-def _one_side_matrix(
-    args: tuple[Any, ...], kwargs: dict[str, Any], metas: tuple[TensorMeta, ...]
-) -> bool:
-    if kwargs or len(args) != 2:
-        return False
-    left, right = (type(a) is Slot for a in args)
-    if left and not right:
-        return True
-    return right and not left and isinstance(args[0], Tensor) and args[0].dim() == 2
-
-
-_register(
-    _named("matmul", "mm", "mv") + [torch.Tensor.__matmul__],
-    OpRule("matmul", batched_matmul, applies=_one_side_matrix),
-)
-
-
-def batched_rnn_cell(sig: Signature, inputs: list[Tensor], n: int) -> Any:
-    """``lstm_cell``/``gru_cell``: fold the batch dim into the cell's own batch dim."""
-    x = inputs[0]
-    flat = [t.reshape(-1, t.shape[-1]) for t in inputs]
-    out = call_one(sig, flat)
-    if isinstance(out, tuple):
-        return tuple(o.reshape(*x.shape[:-1], o.shape[-1]) for o in out)
-    return out.reshape(*x.shape[:-1], out.shape[-1])
-
-
-def _weights_shared(
-    args: tuple[Any, ...], kwargs: dict[str, Any], metas: tuple[TensorMeta, ...]
-) -> bool:
-    return not has_slot(args[2:]) and not has_slot(kwargs)
-
-
-_register(
-    _named("lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell"),
-    OpRule("rnn-cell", batched_rnn_cell, applies=_weights_shared),
-)
-
-
 # ops with a dimension argument: per-instance dim d is batched dim d + 1 --------------------
 
 
@@ -359,10 +262,10 @@ def dimwise(pos: int, default: Any = 0, extra_rank: int = 0, cheap: bool = False
     return OpRule("dim+1", batched, cheap=cheap, applies=applies)
 
 
-_register(_named("chunk", "split", "split_with_sizes", "tensor_split"), dimwise(2, cheap=True))
-_register(_named("unbind"), dimwise(1, cheap=True))
-_register(_named("softmax", "log_softmax"), dimwise(1, default=None))
-_register(_named("cumsum", "cumprod", "logsumexp"), dimwise(1, default=None))
+register(named("chunk", "split", "split_with_sizes", "tensor_split"), dimwise(2, cheap=True))
+register(named("unbind"), dimwise(1, cheap=True))
+register(named("softmax", "log_softmax"), dimwise(1, default=None))
+register(named("cumsum", "cumprod", "logsumexp"), dimwise(1, default=None))
 
 
 def reduction() -> OpRule:
@@ -389,8 +292,8 @@ def reduction() -> OpRule:
     return OpRule("reduce", batched, applies=applies)
 
 
-_register(
-    _named("sum", "mean", "prod", "amax", "amin", "max", "min", "argmax", "argmin", "all", "any"),
+register(
+    named("sum", "mean", "prod", "amax", "amin", "max", "min", "argmax", "argmin", "all", "any"),
     reduction(),
 )
 
@@ -415,8 +318,8 @@ def listwise(extra_rank: int) -> OpRule:
     return OpRule("list dim+1", batched, cheap=True, applies=_tensors_in_list)
 
 
-_register(_named("cat", "concat", "concatenate"), listwise(0))
-_register(_named("stack"), listwise(1))
+register(named("cat", "concat", "concatenate"), listwise(0))
+register(named("stack"), listwise(1))
 
 
 # indexing and views ----------------------------------------------------------------------
@@ -445,8 +348,8 @@ def batched_reshape(sig: Signature, inputs: list[Tensor], n: int) -> Any:
     return inputs[0].reshape(n, *sig.out_metas[0].shape)
 
 
-_register(
-    _named("reshape", "view", "flatten", "squeeze", "unsqueeze", "ravel", "view_as", "reshape_as"),
+register(
+    named("reshape", "view", "flatten", "squeeze", "unsqueeze", "ravel", "view_as", "reshape_as"),
     OpRule("reshape", batched_reshape, cheap=True, applies=lambda a, k, m: type(a[0]) is Slot),
 )
 
@@ -454,11 +357,11 @@ _register(
 def batched_expand(sig: Signature, inputs: list[Tensor], n: int) -> Any:
     """``expand``/``broadcast_to``: lift to the output rank, then expand behind the batch dim."""
     shape = sig.out_metas[0].shape
-    return _lift(inputs[0], len(shape)).expand(n, *shape)
+    return lift(inputs[0], len(shape)).expand(n, *shape)
 
 
-_register(
-    _named("expand", "expand_as", "broadcast_to"),
+register(
+    named("expand", "expand_as", "broadcast_to"),
     OpRule("expand", batched_expand, cheap=True, applies=lambda a, k, m: type(a[0]) is Slot),
 )
 
@@ -476,78 +379,10 @@ def batched_transpose(sig: Signature, inputs: list[Tensor], n: int) -> Any:
     return x.transpose(_shift(args[1], rank), _shift(args[2], rank))
 
 
-_register(
-    _named("t", "transpose", "swapaxes", "permute"),
+register(
+    named("t", "transpose", "swapaxes", "permute"),
     OpRule("transpose", batched_transpose, True, lambda a, k, m: type(a[0]) is Slot and not k),
 )
-
-
-def batched_cross_entropy(sig: Signature, inputs: list[Tensor], n: int) -> Any:
-    """One sample per instance: ``reduction="none"`` over the batch gives each instance's loss.
-
-    An ignored target gives 0 under ``"sum"`` and 0/0 = nan under ``"mean"``, as eagerly.
-    """
-    args, kwargs = sig.template
-    full = dict(
-        zip(
-            (
-                "input",
-                "target",
-                "weight",
-                "size_average",
-                "ignore_index",
-                "reduce",
-                "reduction",
-                "label_smoothing",
-            ),
-            fill(args, inputs),
-            strict=False,
-        )
-    )
-    full.update(fill(kwargs, inputs))
-    logits, target = full["input"], full["target"]
-    ignore = full.get("ignore_index", -100)
-    smoothing = full.get("label_smoothing", 0.0)
-    loss = F.cross_entropy(
-        logits, target, reduction="none", ignore_index=ignore, label_smoothing=smoothing
-    )
-    if full.get("reduction", "mean") == "mean":
-        loss = torch.where(target == ignore, torch.nan, loss)
-    return loss
-
-
-def _one_sample(
-    args: tuple[Any, ...], kwargs: dict[str, Any], metas: tuple[TensorMeta, ...]
-) -> bool:
-    named = (
-        dict(
-            zip(
-                (
-                    "input",
-                    "target",
-                    "weight",
-                    "size_average",
-                    "ignore_index",
-                    "reduce",
-                    "reduction",
-                ),
-                args,
-                strict=False,
-            )
-        )
-        | kwargs
-    )
-    return (
-        type(named.get("input")) is Slot
-        and len(metas[0].shape) == 1
-        and named.get("weight") is None
-        and named.get("size_average") is None
-        and named.get("reduce") is None
-        and named.get("reduction", "mean") in ("mean", "sum")
-    )
-
-
-RULES[F.cross_entropy] = OpRule("cross-entropy", batched_cross_entropy, applies=_one_sample)
 
 
 def rule_for(
@@ -555,6 +390,10 @@ def rule_for(
 ) -> OpRule:
     """The rule that batches ``func`` called with this template, or :data:`VMAP`."""
     rule = RULES.get(func)
-    if rule is None or (rule.applies is not None and not rule.applies(args, kwargs, metas)):
-        return VMAP
-    return rule
+    if rule is None or rule.applies is None:
+        return rule or VMAP
+    try:
+        fits = rule.applies(args, kwargs, metas)
+    except (IndexError, KeyError, TypeError, AttributeError):  # a call form the rule never saw
+        fits = False
+    return rule if fits else VMAP

@@ -2,21 +2,29 @@
 
 ``schedule(graph, "depth")`` is TensorFlow Fold's rule (one step per signature per depth);
 ``schedule(graph, "agenda")`` is DyNet's (repeatedly run the ready signature whose pending
-nodes have the lowest average depth, cheap elementwise ops first on ties). Both work on NumPy
-arrays, a few array operations per step, never a Python loop per node. The plan also says,
-for every input of every step, where its rows come from; ``execute`` runs it.
+nodes have the lowest average depth, cheap elementwise ops first on ties); the groups come
+from :mod:`batchfold.grouping`. Laying the plan out takes O(n log n) time for n nodes: each
+group's row order is found group by group (in plain Python for small groups), every gather
+of every step with NumPy calls over the whole plan. The plan also says, for every input of
+every step, where its rows come from; ``execute`` runs it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Literal
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Literal, TypeAlias
 
 import numpy as np
 
 from .graph import OUT_BITS, OUT_MASK, Graph, Signature
+from .grouping import by_agenda, by_depth, pending_edges
 
 Scheduler = Literal["agenda", "depth"]
+# a gather part: (step, output, start, stop), (step, output, rows) or (step, output, chunk)
+Part: TypeAlias = tuple[int, int, int, int] | tuple[int, int, np.ndarray | int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +37,7 @@ class Gather:
     step's row order. A single slice part is a view: nothing is copied.
     """
 
-    parts: tuple[tuple[int, int, int, int] | tuple[int, int, np.ndarray | int], ...]
+    parts: tuple[Part, ...]
     order: np.ndarray | None = None
 
 
@@ -52,15 +60,17 @@ class Fanout:
 class Step:
     """One batched call: ``sig``'s op over ``nodes`` (row i of the output is ``nodes[i]``).
 
-    ``fanouts`` say which outputs are split for their readers right after the call.
+    ``fanouts`` say which outputs are split for their readers right after the call; a source
+    step (no inputs) carries its nodes' ``payloads``.
     """
 
     index: int
     sig: Signature
     nodes: np.ndarray  # [n] global node ids
-    positions: np.ndarray  # [n] each node's position in sig.nodes (for inputs and payloads)
+    positions: np.ndarray  # [n] each node's position among its signature's pending nodes
     gathers: tuple[Gather, ...]
     fanouts: tuple[Fanout, ...] = ()
+    payloads: list[Any] | None = None  # a source step's per-node values, in row order
 
     def __str__(self) -> str:
         sources = sorted({part[0] for g in self.gathers for part in g.parts})
@@ -127,175 +137,283 @@ def schedule(
     inputs = {}
     for sig_id, local in members.items():
         positions[local] = np.arange(len(local))
-        sig_inputs = graph.signatures[sig_id].inputs
+        sig_inputs = graph.pending_of[sig_id].inputs
         inputs[sig_id] = np.asarray(sig_inputs, dtype=np.int64).reshape(len(local), -1)
     if scheduler == "depth":
-        groups = _by_depth(sig_of, depth)
+        order, bounds = by_depth(sig_of, depth)
     else:
-        groups = _by_agenda(graph, sig_of, depth, members, inputs)
-    return _build(graph, groups, sig_of, positions, inputs, first_step, locations)
-
-
-def _by_depth(sig_of: np.ndarray, depth: np.ndarray) -> list[np.ndarray]:
-    """Fold's rule: one group per (depth, signature), shallow first."""
-    if len(sig_of) == 0:
-        return []
-    key = depth * (sig_of.max() + 1) + sig_of
-    # a stable sort on 16-bit keys is a radix sort: linear in the number of nodes
-    small = key.max() < np.iinfo(np.int16).max
-    order = np.argsort(key.astype(np.int16) if small else key, kind="stable")
-    cuts = np.flatnonzero(np.diff(key[order])) + 1
-    return np.split(order, cuts)
-
-
-def _by_agenda(
-    graph: Graph,
-    sig_of: np.ndarray,
-    depth: np.ndarray,
-    members: dict[int, np.ndarray],
-    inputs: dict[int, np.ndarray],
-) -> list[np.ndarray]:
-    """DyNet's rule: run the ready signature with the lowest mean depth; cheap ops win ties."""
-    n, base, n_sigs = len(sig_of), graph.node_base, len(graph.signatures)
-    consumers, producers = _pending_edges(members, inputs, base)
-    order = np.argsort(producers, kind="stable")
-    succ = consumers[order]  # successors, grouped by producer
-    succ_ptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(producers, minlength=n), out=succ_ptr[1:])
-    waiting = np.bincount(consumers, minlength=n)  # unfinished inputs per node
-    count = np.bincount(sig_of, minlength=n_sigs)
-    mean_depth = np.bincount(sig_of, weights=depth, minlength=n_sigs) / np.maximum(count, 1)
-    expensive = np.array([not sig.rule.cheap for sig in graph.signatures], dtype=np.int64)
-    by_sig = np.argsort(sig_of, kind="stable")
-    sig_ptr = np.zeros(n_sigs + 1, dtype=np.int64)
-    np.cumsum(count, out=sig_ptr[1:])
-    ready = waiting == 0
-    ready_count = np.bincount(sig_of[ready], minlength=n_sigs)
-    done = np.zeros(n, dtype=bool)
-    groups = []
-    while True:
-        candidates = np.flatnonzero(ready_count)
-        if len(candidates) == 0:
-            break
-        best = candidates[
-            np.lexsort((candidates, expensive[candidates], mean_depth[candidates]))[0]
-        ]
-        of_best = by_sig[sig_ptr[best] : sig_ptr[best + 1]]
-        batch = of_best[ready[of_best] & ~done[of_best]]
-        groups.append(batch)
-        done[batch] = True
-        ready_count[best] -= len(batch)
-        starts, stops = succ_ptr[batch], succ_ptr[batch + 1]
-        lengths = stops - starts
-        if lengths.sum() == 0:
-            continue
-        flat = np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(lengths.sum())
-        hit = succ[flat]
-        np.subtract.at(waiting, hit, 1)
-        fresh = np.unique(hit[waiting[hit] == 0])
-        ready[fresh] = True
-        ready_count += np.bincount(sig_of[fresh], minlength=n_sigs)
-    assert done.all(), "the agenda left nodes unscheduled: the graph has a cycle"
-    return groups
-
-
-def _pending_edges(
-    members: dict[int, np.ndarray],
-    inputs: dict[int, np.ndarray],
-    base: int,
-) -> tuple[np.ndarray, np.ndarray]:
-    """(consumer, producer) local node pairs for inputs produced in this segment."""
-    consumer_parts, producer_parts = [], []
+        expensive = np.array([not sig.rule.cheap for sig in graph.signatures], dtype=np.int64)
+        consumers, producers = pending_edges(members, inputs, graph.node_base)
+        order, bounds = by_agenda(sig_of, depth, expensive, consumers, producers)
+    layout = _Layout(graph, order, bounds, sig_of, first_step, locations)
+    first = np.zeros(len(sig_of), dtype=np.int64)  # each node's first input value
     for sig_id, table in inputs.items():
-        if table.shape[1] == 0:
-            continue
-        local = members[sig_id]
-        producer = (table >> OUT_BITS) - base  # [k, width]
-        keep = producer >= 0
-        consumer_parts.append(np.broadcast_to(local[:, None], producer.shape)[keep])
-        producer_parts.append(producer[keep])
-    if not consumer_parts:
+        if table.shape[1]:
+            first[members[sig_id]] = table[:, 0]
+    layout.order_rows(first)
+    with _gc_paused():
+        return layout.plan(positions, inputs)
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while the plan's objects are made.
+
+    A plan of a million steps is millions of small objects, none in a cycle; the collections
+    their allocation triggers took two thirds of the time on a one-million-node chain.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+class _Layout:
+    """Where the nodes of a segment land: step ``node_step[i]``, row ``node_row[i]``.
+
+    ``order`` holds the local node ids group after group (``bounds`` as from
+    :mod:`batchfold.grouping`); :meth:`order_rows` puts each group's rows in their final
+    order, then :meth:`plan` works out every gather for all steps at once.
+    """
+
+    def __init__(
+        self,
+        graph: Graph,
+        order: np.ndarray,
+        bounds: list[int],
+        sig_of: np.ndarray,
+        first_step: int,
+        locations: tuple[np.ndarray, np.ndarray] | None,
+    ) -> None:
         empty = np.zeros(0, dtype=np.int64)
-        return empty, empty
-    return np.concatenate(consumer_parts), np.concatenate(producer_parts)
+        self.graph, self.base, self.first_step = graph, graph.node_base, first_step
+        self.order, self.bounds = order, bounds
+        self.old_step, self.old_row = locations if locations is not None else (empty, empty)
+        n = len(order)
+        self.starts = np.asarray(bounds[:-1], dtype=np.int64)
+        self.sizes = np.diff(np.asarray(bounds, dtype=np.int64))
+        self.step_sig = sig_of[order[self.starts]]
+        widths = np.array([len(sig.in_metas) for sig in graph.signatures], dtype=np.int64)
+        self.width = widths[self.step_sig] if n else empty
+        self.node_step = np.empty(n, dtype=np.int64)
+        self.node_row = np.empty(n, dtype=np.int64)
+        self.node_step[order] = first_step + np.repeat(np.arange(len(self.sizes)), self.sizes)
+        self.node_row[order] = np.arange(n) - np.repeat(self.starts, self.sizes)
 
-
-def _build(
-    graph: Graph,
-    groups: list[np.ndarray],
-    sig_of: np.ndarray,
-    positions: np.ndarray,
-    inputs: dict[int, np.ndarray],
-    first_step: int,
-    locations: tuple[np.ndarray, np.ndarray] | None,
-) -> Plan:
-    """Order each group's rows, place every node, and work out each input's gather."""
-    base, n = graph.node_base, len(positions)
-    node_step = np.zeros(n, dtype=np.int64)
-    node_row = np.zeros(n, dtype=np.int64)
-    empty = np.zeros(0, dtype=np.int64)
-    old_step, old_row = locations if locations is not None else (empty, empty)
-
-    def locate(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        nodes = values >> OUT_BITS
-        if nodes.min() >= base:
-            return node_step[nodes - base], node_row[nodes - base]
-        old = nodes < base
+    def locate(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Steps and rows of global node ids ``nodes``, in this segment or earlier ones."""
+        local = nodes - self.base
+        if len(local) == 0 or local.min() >= 0:
+            return self.node_step[local], self.node_row[local]
+        old = local < 0
         step, row = np.empty_like(nodes), np.empty_like(nodes)
-        step[old], row[old] = old_step[nodes[old]], old_row[nodes[old]]
-        step[~old], row[~old] = node_step[nodes[~old] - base], node_row[nodes[~old] - base]
+        step[old], row[old] = self.old_step[nodes[old]], self.old_row[nodes[old]]
+        step[~old], row[~old] = self.node_step[local[~old]], self.node_row[local[~old]]
         return step, row
 
-    steps = []
-    for i, group in enumerate(groups):
-        sig = graph.signatures[int(sig_of[group[0]])]
-        table = inputs[sig.id][positions[group]]  # [k, width] value ids
-        if table.shape[1]:  # rows in the order of their first input: more gathers are views
-            src_step, src_row = locate(table[:, 0])
-            order = np.lexsort((src_row, table[:, 0] & OUT_MASK, src_step))
-            group, table = group[order], table[order]
-        node_step[group] = first_step + i
-        node_row[group] = np.arange(len(group))
-        gathers = tuple(_gather(*locate(column), column & OUT_MASK) for column in table.T)
-        steps.append(Step(first_step + i, sig, group + base, positions[group], gathers))
-    return Plan(_fan_out(steps, first_step), base, node_step, node_row)
+    def order_rows(self, first: np.ndarray) -> None:
+        """Sort each group's rows by where their first input is (more gathers are views).
 
+        Group by group, as a group's order depends on its inputs' rows; small groups in
+        plain Python, with the sort key of the old per-group ``np.lexsort``.
+        """
+        order, bounds, row, step = self.order, self.bounds, self.node_row, self.node_step
+        todo = (self.sizes > 1) & (self.width > 0)
+        small = todo & (self.sizes <= SMALL_GROUP)
+        # the small groups' nodes and first inputs, as Python ints
+        lengths = self.sizes[small]
+        at = np.repeat(self.starts[small] - np.cumsum(lengths) + lengths, lengths)
+        small_nodes = order[at + np.arange(len(at))]
+        node_list, first_list = small_nodes.tolist(), first[small_nodes].tolist()
+        base, old_step, old_row = self.base, self.old_step, self.old_row
+        i = 0  # small groups seen so far: their nodes are node_list[:i]
+        for s in np.flatnonzero(todo).tolist():
+            a, b = bounds[s], bounds[s + 1]
+            if b - a > SMALL_GROUP:
+                group = order[a:b]
+                value = first[group]
+                src_step, src_row = self.locate(value >> OUT_BITS)
+                group = group[np.lexsort((src_row, value & OUT_MASK, src_step))]
+                order[a:b] = group
+                row[group] = np.arange(b - a)
+                continue
+            keys = []
+            for j in range(i, i + b - a):
+                value = first_list[j]
+                node = value >> OUT_BITS
+                if node >= base:
+                    src = (step.item(node - base), value & OUT_MASK, row.item(node - base), j)
+                else:
+                    src = (old_step.item(node), value & OUT_MASK, old_row.item(node), j)
+                keys.append(src)
+            keys.sort()
+            for r, key in enumerate(keys):
+                if key[3] != i + r:
+                    node = node_list[key[3]]
+                    order[a + r] = node
+                    row[node] = r
+            i += b - a
 
-def _fan_out(steps: list[Step], first_step: int) -> list[Step]:
-    """Read every step output that several gathers of the plan read through one ``Fanout``."""
-    readers: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
-    for s, step in enumerate(steps):
-        for g, gather in enumerate(step.gathers):
-            for p, part in enumerate(gather.parts):
-                if part[0] >= first_step:
-                    readers.setdefault((part[0], part[1]), []).append((s, g, p))
-    parts = [[list(gather.parts) for gather in step.gathers] for step in steps]
-    fanouts: dict[int, list[Fanout]] = {}
-    for (source, output), reads in readers.items():
-        if len(reads) < 2:
-            continue
-        rows = [_rows(parts[s][g][p]) for s, g, p in reads]
-        every = np.concatenate(rows)
-        n = len(steps[source - first_step].nodes)
-        in_order = len(every) == n and bool(np.all(every == np.arange(n)))
-        fanout = Fanout(output, None if in_order else every, tuple(len(r) for r in rows))
-        fanouts.setdefault(source - first_step, []).append(fanout)
-        for j, (s, g, p) in enumerate(reads):
-            parts[s][g][p] = (source, output, j)
-    return [
-        replace(
-            step,
-            gathers=tuple(
-                Gather(tuple(new), gather.order)
-                for new, gather in zip(parts[s], step.gathers, strict=True)
-            ),
-            fanouts=tuple(fanouts.get(s, ())),
+    def plan(self, positions: np.ndarray, inputs: dict[int, np.ndarray]) -> Plan:
+        """The plan, once :meth:`order_rows` has run."""
+        order, bounds, first_step = self.order, self.bounds, self.first_step
+        positions = positions[order]
+        parts, source, part_ptr, orders = self._gathers(positions, inputs)
+        fanouts = _fan_out(parts, source, first_step, self.sizes)
+        gathers = [
+            Gather(tuple(parts[a:b]), o)
+            for a, b, o in zip(part_ptr[:-1], part_ptr[1:], orders, strict=True)
+        ]
+        input_ptr = [0, *np.cumsum(self.width).tolist()]
+        nodes, sigs, pending = order + self.base, self.graph.signatures, self.graph.pending_of
+        steps = [
+            Step(
+                first_step + s,
+                sigs[sig],
+                nodes[a:b],
+                positions[a:b],
+                tuple(gathers[input_ptr[s] : input_ptr[s + 1]]),
+                tuple(fanouts.get(s, ())),
+                _payloads(pending[sig].payloads, positions[a:b])
+                if sigs[sig].source is not None
+                else None,
+            )
+            for s, (sig, a, b) in enumerate(
+                zip(self.step_sig.tolist(), bounds[:-1], bounds[1:], strict=True)
+            )
+        ]
+        return Plan(steps, self.base, self.node_step, self.node_row)
+
+    def _gathers(
+        self, positions: np.ndarray, inputs: dict[int, np.ndarray]
+    ) -> tuple[list[Part], np.ndarray, list[int], list[np.ndarray | None]]:
+        """Every step input's gather, for all steps at once.
+
+        Returns the parts of all inputs in one list in plan order (step by step, input by
+        input), each part's source ``step << OUT_BITS | output``, the bounds of each input's
+        parts (input ``i`` has ``parts[ptr[i]:ptr[i + 1]]``) and each input's ``order``.
+        An input that reads one step output is one part in row order; an input that reads
+        several is sorted by (source, row) and cut into a part per source, as ``_gather``
+        did for one input at a time.
+        """
+        sizes, width = self.sizes, self.width
+        cells = sizes * width
+        cell_start = np.cumsum(cells) - cells
+        # input c of step s: entries cell_start[s] + c * sizes[s] + row, a value id per row
+        values = np.empty(int(cells.sum()), dtype=np.int64)
+        step_of = np.repeat(np.arange(len(sizes)), sizes)  # step of each row of the plan
+        sig_of = self.step_sig[step_of]
+        by_sig = np.argsort(sig_of, kind="stable")
+        for rows in np.split(by_sig, np.flatnonzero(np.diff(sig_of[by_sig])) + 1):
+            table = inputs[int(sig_of[rows[0]])] if len(rows) else None
+            if table is None or table.shape[1] == 0:
+                continue
+            s = step_of[rows]
+            entry = cell_start[s] + rows - self.starts[s]
+            entries = entry[:, None] + np.arange(table.shape[1]) * sizes[s][:, None]
+            values[entries] = table[positions[rows]]
+        length = np.repeat(sizes, width)  # rows of each input
+        start = np.cumsum(length) - length
+        input_of = np.repeat(np.arange(len(length)), length)
+        step, row = self.locate(values >> OUT_BITS)
+        src = step << OUT_BITS | values & OUT_MASK
+        mixed = np.bincount(input_of[src != src[start][input_of]], minlength=len(length)) > 0
+        single = np.flatnonzero(~mixed)
+        broken = _broken(row, input_of, len(length))[single]
+
+        # inputs from several step outputs: sort their rows by (source, row), cut at sources
+        entries = np.flatnonzero(mixed[input_of])
+        perm = entries[_sort_by_input_source_row(input_of[entries], src[entries], row[entries])]
+        sorted_input, sorted_src, sorted_row = input_of[perm], src[perm], row[perm]
+        new = np.ones(len(perm), dtype=bool)
+        new[1:] = (sorted_input[1:] != sorted_input[:-1]) | (sorted_src[1:] != sorted_src[:-1])
+        cut = np.flatnonzero(new)
+        run_broken = _broken(sorted_row, np.cumsum(new) - 1, len(cut))
+        mixed_length = length * mixed
+        rank = np.empty(len(values), dtype=np.int64)
+        rank[perm] = np.arange(len(perm)) - (np.cumsum(mixed_length) - mixed_length)[sorted_input]
+        orders: list[np.ndarray | None] = [None] * len(length)
+        for i, a, b in zip(
+            np.flatnonzero(mixed).tolist(),
+            start[mixed].tolist(),
+            (start + length)[mixed].tolist(),
+            strict=True,
+        ):
+            orders[i] = rank[a:b]
+
+        by_input = np.argsort(np.concatenate([single, sorted_input[cut]]), kind="stable")
+        part_src = np.concatenate([src[start[single]], sorted_src[cut]])[by_input]
+        first_row = np.concatenate([row[start[single]], sorted_row[cut]])[by_input]
+        count = np.concatenate([length[single], np.diff(np.append(cut, len(perm)))])[by_input]
+        index = np.concatenate([broken, run_broken])[by_input]
+        offset = np.concatenate([start[single], len(values) + cut])[by_input]
+        step_list, out_list = (part_src >> OUT_BITS).tolist(), (part_src & OUT_MASK).tolist()
+        parts: list[Part] = list(
+            zip(step_list, out_list, first_row.tolist(), (first_row + count).tolist(), strict=True)
         )
-        for s, step in enumerate(steps)
-    ]
+        index_parts = np.flatnonzero(index).tolist()
+        all_rows = np.concatenate([row, sorted_row]) if index_parts else row
+        for i in index_parts:
+            a = int(offset[i])
+            parts[i] = (step_list[i], out_list[i], all_rows[a : a + int(count[i])])
+        part_count = np.bincount(np.concatenate([single, sorted_input[cut]]), minlength=len(length))
+        return parts, part_src, [0, *np.cumsum(part_count).tolist()], orders
 
 
-def _rows(part: tuple[int, int, int, int] | tuple[int, int, np.ndarray | int]) -> np.ndarray:
+SMALL_GROUP = 64  # groups up to this size get their row order in plain Python
+
+
+def _sort_by_input_source_row(input_of: np.ndarray, src: np.ndarray, row: np.ndarray) -> np.ndarray:
+    """The stable order of entries by (input, source, row): one key where it fits in int64."""
+    if len(row) == 0:
+        return np.zeros(0, dtype=np.int64)
+    n_src, n_row = int(src.max()) + 1, int(row.max()) + 1
+    if (int(input_of.max()) + 1) * n_src * n_row >= 1 << 63:
+        return np.lexsort((row, src, input_of))
+    return np.argsort((input_of * n_src + src) * n_row + row, kind="stable")
+
+
+def _broken(rows: np.ndarray, run_of: np.ndarray, n_runs: int) -> np.ndarray:
+    """Whether each run's ``rows`` (runs are consecutive entries) are not ``a, a+1, ...``."""
+    bad = (np.diff(rows) != 1) & (run_of[1:] == run_of[:-1])
+    return np.bincount(run_of[:-1][bad], minlength=n_runs) > 0
+
+
+def _fan_out(
+    parts: list[Part], source: np.ndarray, first_step: int, sizes: np.ndarray
+) -> dict[int, list[Fanout]]:
+    """Read every step output that several parts of the plan read through one ``Fanout``.
+
+    Returns the fanouts of each step (by position in the plan) and makes each reader's part
+    ``(step, output, j)``, chunk ``j``.
+    """
+    mine = np.flatnonzero(source >= first_step << OUT_BITS)
+    by_source = mine[np.argsort(source[mine], kind="stable")]
+    keys = source[by_source]
+    run_start = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]]) if len(keys) else mine
+    run_length = np.diff(np.append(run_start, len(keys)))
+    shared = np.flatnonzero(run_length > 1)
+    fanouts: dict[int, list[Fanout]] = {}
+    for r in shared[np.argsort(by_source[run_start[shared]])].tolist():  # by first read
+        a = int(run_start[r])
+        reads = by_source[a : a + int(run_length[r])].tolist()
+        key = int(keys[a])
+        step, output = key >> OUT_BITS, key & OUT_MASK
+        rows = [_rows(parts[i]) for i in reads]
+        every = np.concatenate(rows)
+        n = int(sizes[step - first_step])
+        in_order = len(every) == n and bool(np.all(every == np.arange(n)))
+        fanout = Fanout(output, None if in_order else every, tuple(len(x) for x in rows))
+        fanouts.setdefault(step - first_step, []).append(fanout)
+        for j, i in enumerate(reads):
+            parts[i] = (step, output, j)
+    return fanouts
+
+
+def _rows(part: Part) -> np.ndarray:
     """The rows a slice or index part reads."""
     if len(part) == 4:
         return np.arange(part[2], part[3])
@@ -303,25 +421,5 @@ def _rows(part: tuple[int, int, int, int] | tuple[int, int, np.ndarray | int]) -
     return part[2]
 
 
-def _gather(step: np.ndarray, row: np.ndarray, out: np.ndarray) -> Gather:
-    """Describe how to collect rows ``row`` of outputs ``out`` of steps ``step``, in order."""
-    source = step * (out.max() + 1) + out
-    if source.min() == source.max():
-        return Gather((_part(int(step[0]), int(out[0]), row),))
-    order = np.lexsort((row, source))
-    cuts = np.flatnonzero(np.diff(source[order])) + 1
-    parts = tuple(
-        _part(int(step[idx[0]]), int(out[idx[0]]), row[idx]) for idx in np.split(order, cuts)
-    )
-    inverse = np.empty_like(order)
-    inverse[order] = np.arange(len(order))
-    return Gather(parts, inverse)
-
-
-def _part(
-    step: int, out: int, rows: np.ndarray
-) -> tuple[int, int, int, int] | tuple[int, int, np.ndarray]:
-    start = int(rows[0])
-    if rows[-1] - start == len(rows) - 1 and (len(rows) < 3 or np.all(np.diff(rows) == 1)):
-        return (step, out, start, start + len(rows))
-    return (step, out, rows)
+def _payloads(payloads: list[Any], positions: np.ndarray) -> list[Any]:
+    return [payloads[p] for p in positions.tolist()]

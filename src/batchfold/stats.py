@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .profile import Profile
 from .schedule import Plan
 
 
@@ -14,7 +15,10 @@ class Stats:
     ``segments`` counts the plans run; ``syncs`` those run because instances waited on a
     value they read. ``fallbacks`` counts, per op, the nodes that ran through
     ``torch.func.vmap`` or one instance at a time because the op has no batching rule of its
-    own.
+    own. ``module_calls_cached`` counts ``nn.Module`` calls recorded as one node each,
+    ``module_calls_traced`` those recorded op by op to make or check a trace, and
+    ``module_misses`` the calls that could not be cached, by module and reason. ``profile``
+    is set when the run was profiled (``batch_map(..., profile=True)``).
     """
 
     instances: int = 0
@@ -23,10 +27,14 @@ class Stats:
     segments: int = 0
     syncs: int = 0
     fallbacks: dict[str, int] = field(default_factory=dict)
+    module_calls_cached: int = 0
+    module_calls_traced: int = 0
+    module_misses: dict[str, int] = field(default_factory=dict)
     record_s: float = 0.0
     schedule_s: float = 0.0
     execute_s: float = 0.0
     plan: Plan | None = None
+    profile: Profile | None = None
 
     @property
     def mean_batch(self) -> float:
@@ -45,6 +53,16 @@ class Stats:
             f"time: record {self.record_s * 1e3:.1f} ms, schedule {self.schedule_s * 1e3:.1f} ms, "
             f"execute {self.execute_s * 1e3:.1f} ms",
         ]
+        if self.module_calls_cached or self.module_calls_traced:
+            lines.append(
+                f"module calls: {self.module_calls_cached} as one node each (cached traces), "
+                f"{self.module_calls_traced} traced op by op"
+            )
+        if self.module_misses:
+            lines.append(
+                "not cached: "
+                + ", ".join(f"{why} x{count}" for why, count in sorted(self.module_misses.items()))
+            )
         if self.fallbacks:
             lines.append(
                 "no batching rule (vmap or per instance): "

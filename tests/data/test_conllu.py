@@ -1,59 +1,19 @@
 from __future__ import annotations
 
 import gzip
-import io
 import random
-import urllib.request
-from functools import cache
 from pathlib import Path
 
 import pytest
+from conllu_samples import SMALL, row, word
 
-import batchfold.data.conllu as ud
 from batchfold.data.conllu import (
-    Action,
-    ArcHybrid,
     ConlluFormatError,
-    LabelSet,
     Sentence,
-    action_cost,
-    attachment_scores,
     base_relation,
-    build_vocabs,
     is_projective,
-    load_ud,
-    oracle_transitions,
     parse_conllu,
     read_conllu,
-)
-from batchfold.data.paths import find_data
-
-
-def row(*cols: object) -> str:
-    return "\t".join(str(c) for c in cols) + "\n"
-
-
-def word(i: int | str, form: str, upos: str, head: int | str, deprel: str) -> str:
-    return row(i, form, form.lower(), upos, "_", "_", head, deprel, "_", "_")
-
-
-# "I don't know." with a multiword token (2-3) and an empty node (4.1).
-SMALL = (
-    "# newdoc id = doc1\n"
-    "# sent_id = s1\n"
-    "# text = I don't know.\n"
-    + word(1, "I", "PRON", 4, "nsubj")
-    + row("2-3", "don't", "_", "_", "_", "_", "_", "_", "_", "_")
-    + word(2, "do", "AUX", 4, "aux")
-    + word(3, "n't", "PART", 4, "advmod")
-    + word(4, "know", "VERB", 0, "root")
-    + row("4.1", "know", "know", "VERB", "_", "_", "_", "_", "4:conj", "_")
-    + word(5, ".", "PUNCT", 4, "punct")
-    + "\n"
-    "# sent_id = s2\n"
-    + word(1, "My", "PRON", 2, "nmod:poss")
-    + word(2, "dog", "NOUN", 0, "root")
-    + "\n"
 )
 
 
@@ -176,81 +136,6 @@ def test_sentence_without_sent_id_is_named_by_position() -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# load_ud: finding, caching and downloading
-
-
-def test_load_ud_reads_a_given_folder(tmp_path: Path) -> None:
-    (tmp_path / "en_ewt-ud-dev.conllu").write_text(SMALL, encoding="utf-8")
-    with gzip.open(tmp_path / "xx_tb-ud-test.conllu.gz", "wt", encoding="utf-8") as f:
-        f.write(SMALL)
-    assert [s.sent_id for s in load_ud("dev", path=tmp_path)] == ["s1", "s2"]
-    assert len(load_ud("test", path=tmp_path, treebank="xx_tb")) == 2
-
-
-def test_load_ud_rejects_unknown_split(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="expected a split among train, dev, test, found 'val'"):
-        load_ud("val", path=tmp_path)  # type: ignore[arg-type]
-
-
-def test_missing_data_with_failed_download_explains_where_to_get_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(ud, "find_data", lambda name, path=None: None)
-    monkeypatch.setenv("BATCHFOLD_CACHE", str(tmp_path / "cache"))
-
-    def offline(url: str, timeout: float = 0) -> io.BytesIO:
-        raise OSError("no network here")
-
-    monkeypatch.setattr(urllib.request, "urlopen", offline)
-    with pytest.raises(FileNotFoundError) as info:
-        load_ud("train")
-    message = str(info.value)
-    for part in (
-        "en_ewt-ud-train.conllu",
-        "https://github.com/UniversalDependencies/UD_English-EWT",
-        "en_ewt-ud-{train,dev,test}.conllu",
-        "path=",
-        "$BATCHFOLD_DATA",
-        "no network here",
-        "raw.githubusercontent.com/UniversalDependencies/UD_English-EWT/master/"
-        "en_ewt-ud-train.conllu",
-        str(tmp_path / "cache" / "ud-ewt"),
-    ):
-        assert part in message
-    assert not list((tmp_path / "cache" / "ud-ewt").iterdir())  # no partial file left
-
-
-def test_missing_explicit_folder_does_not_download(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    def never(*args: object, **kwargs: object) -> Path:
-        raise AssertionError("download attempted")
-
-    monkeypatch.setattr(ud, "download_ud", never)
-    with pytest.raises(FileNotFoundError, match=r"en_ewt-ud-dev\.conllu .*was not found"):
-        load_ud("dev", path=tmp_path / "nowhere")
-    with pytest.raises(FileNotFoundError, match="pass it as path="):
-        load_ud("dev", path=tmp_path)
-
-
-def test_download_goes_to_the_cache_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ud, "find_data", lambda name, path=None: None)
-    monkeypatch.setenv("BATCHFOLD_CACHE", str(tmp_path))
-    urls: list[str] = []
-
-    def fake(url: str, timeout: float = 0) -> io.BytesIO:
-        urls.append(url)
-        return io.BytesIO(SMALL.encode("utf-8"))
-
-    monkeypatch.setattr(urllib.request, "urlopen", fake)
-    assert len(load_ud("test")) == 2
-    assert len(load_ud("test")) == 2  # the second time from the cache
-    assert urls == [ud.UD_EWT_URL.format(split="test")]
-    assert (tmp_path / "ud-ewt" / "en_ewt-ud-test.conllu").read_text(encoding="utf-8") == SMALL
-    assert ud.cache_dir() == tmp_path / "ud-ewt"
-
-
-# ----------------------------------------------------------------------------------------------
 # Projectivity
 
 
@@ -296,227 +181,13 @@ def test_is_projective_handles_long_sentences_without_recursion() -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# The arc-hybrid system and its oracles
-
-
-def sentence(heads: list[int], labels: list[str] | None = None) -> Sentence:
-    n = len(heads)
-    deprels = labels or [f"r{i}" for i in range(1, n + 1)]
-    return Sentence(
-        tuple(f"w{i}" for i in range(1, n + 1)), ("X",) * n, tuple(heads), tuple(deprels)
-    )
-
-
-def rebuild(s: Sentence) -> ArcHybrid:
-    config = ArcHybrid(len(s))
-    for action, label in oracle_transitions(s):
-        assert config.is_legal(action)
-        config.apply(action, label)
-    assert config.is_terminal()
-    return config
-
-
-def test_arc_hybrid_legality_and_errors() -> None:
-    c = ArcHybrid(2)
-    assert c.stack == [] and c.buffer == [1, 2, 0] and c.b0 == 1 and not c.is_terminal()
-    assert c.legal_actions() == [Action.SHIFT]
-    with pytest.raises(ValueError, match="LEFT_ARC is not legal here: expected a non-empty stack"):
-        c.apply(Action.LEFT_ARC, "x")
-    c.apply(Action.SHIFT)
-    c.apply(Action.SHIFT)
-    assert c.buffer == [0] and c.b0 == 0
-    assert c.legal_actions() == [Action.LEFT_ARC, Action.RIGHT_ARC]
-    with pytest.raises(ValueError, match="SHIFT is not legal here: expected a word at the front"):
-        c.apply(Action.SHIFT)
-    c.apply(Action.RIGHT_ARC, "obj")
-    c.apply(Action.LEFT_ARC, "root")
-    assert c.is_terminal() and c.legal_actions() == []
-    assert c.arcs == [(0, 1, "root"), (1, 2, "obj")]
-    with pytest.raises(ValueError, match="word count of at least 0"):
-        ArcHybrid(-1)
-
-
-def test_static_oracle_on_hand_made_trees() -> None:
-    cases = [
-        [0],
-        [2, 0],
-        [0, 1],
-        [2, 0, 2],
-        [0, 1, 2, 3],  # right-branching chain
-        [2, 3, 4, 0],  # left-branching chain
-        [3, 3, 0, 5, 3, 5],
-        [0, 3, 1, 3, 1],
-    ]
-    for heads in cases:
-        s = sentence(heads)
-        config = rebuild(s)
-        assert tuple(config.heads) == s.heads
-        assert tuple(config.labels) == s.deprels
-        transitions = oracle_transitions(s)
-        assert len(transitions) == 2 * len(heads)
-        assert all((label is None) == (a is Action.SHIFT) for a, label in transitions)
-
-
-def test_static_oracle_rejects_non_projective_trees() -> None:
-    with pytest.raises(ValueError, match="expected a projective tree"):
-        oracle_transitions(sentence([3, 4, 0, 3]))
-    with pytest.raises(ValueError, match="expected a projective tree"):
-        oracle_transitions(sentence([3, 0, 2]))
-
-
-def test_static_oracle_on_random_projective_trees() -> None:
-    rng = random.Random(2)
-    done = 0
-    while done < 500:
-        heads = random_tree(rng.randint(1, 12), rng)
-        if crosses(heads):
-            continue
-        s = sentence(heads)
-        assert tuple(rebuild(s).heads) == s.heads
-        done += 1
-
-
-def test_dynamic_oracle_agrees_with_static_oracle_and_flags_lost_arcs() -> None:
-    # 1 <- 2 -> 3, 2 <- root: "I saw it"
-    s = sentence([2, 0, 2], ["nsubj", "root", "obj"])
-    gold = list(s.heads)
-    config = ArcHybrid(3)
-    for action, label in oracle_transitions(s):
-        assert action_cost(config, action, gold, label=label, gold_labels=s.deprels) == 0
-        config.apply(action, label)
-
-    config = ArcHybrid(3)
-    config.apply(Action.SHIFT)  # stack [1], buffer [2, 3, 0]
-    assert action_cost(config, Action.LEFT_ARC, gold) == 0
-    assert action_cost(config, Action.SHIFT, gold) == 1  # 1 could no longer get head 2
-    assert action_cost(config, Action.LEFT_ARC, gold, label="obj", gold_labels=s.deprels) == 1
-    config.apply(Action.LEFT_ARC, "nsubj")
-    config.apply(Action.SHIFT)
-    config.apply(Action.SHIFT)  # stack [2, 3], buffer [0]
-    assert action_cost(config, Action.RIGHT_ARC, gold) == 0
-    assert action_cost(config, Action.LEFT_ARC, gold) == 1  # 3 attached to the root, not 2
-
-    config = ArcHybrid(3)
-    config.apply(Action.SHIFT)
-    config.apply(Action.SHIFT)  # stack [1, 2], buffer [3, 0]
-    # RIGHT_ARC attaches 2 to 1 and loses 2 <- root and 2 -> 3
-    assert action_cost(config, Action.RIGHT_ARC, gold) == 2
-    with pytest.raises(ValueError, match="expected 3 gold heads"):
-        action_cost(config, Action.SHIFT, [0])
-    with pytest.raises(ValueError, match="RIGHT_ARC is not legal"):
-        action_cost(ArcHybrid(3), Action.RIGHT_ARC, gold)
-
-
-def exact_costs(n: int, gold: list[int]):
-    """Brute force: the arcs an action makes unreachable, by search over all continuations."""
-
-    @cache
-    def best(stack: tuple[int, ...], nxt: int) -> int:
-        config = make(stack, nxt)
-        if config.is_terminal():
-            return 0
-        return max(gain(config, a) + best(*after(config, a)) for a in config.legal_actions())
-
-    def make(stack: tuple[int, ...], nxt: int) -> ArcHybrid:
-        config = ArcHybrid(n)
-        config.stack, config.next = list(stack), nxt
-        return config
-
-    def gain(config: ArcHybrid, action: Action) -> int:
-        if action is Action.SHIFT:
-            return 0
-        head = config.b0 if action is Action.LEFT_ARC else config.stack[-2]
-        return int(gold[config.stack[-1] - 1] == head)
-
-    def after(config: ArcHybrid, action: Action) -> tuple[tuple[int, ...], int]:
-        nxt = config.copy()
-        nxt.apply(action)
-        return tuple(nxt.stack), nxt.next
-
-    def cost(config: ArcHybrid, action: Action) -> int:
-        now = best(tuple(config.stack), config.next)
-        return now - gain(config, action) - best(*after(config, action))
-
-    return cost
-
-
-def test_dynamic_oracle_is_exact_on_projective_trees() -> None:
-    rng = random.Random(3)
-    checked = 0
-    while checked < 3000:
-        n = rng.randint(1, 7)
-        gold = random_tree(n, rng)
-        if crosses(gold):
-            continue
-        cost = exact_costs(n, gold)
-        config = ArcHybrid(n)
-        while not config.is_terminal():  # a random walk, mistakes included
-            legal = config.legal_actions()
-            for action in legal:
-                assert action_cost(config, action, gold) == cost(config, action)
-                checked += 1
-            assert any(action_cost(config, a, gold) == 0 for a in legal)
-            config.apply(rng.choice(legal))
-
-
-def test_attachment_scores() -> None:
-    g1 = Sentence(("a", "b", "."), ("X", "X", "PUNCT"), (2, 0, 2), ("nmod:poss", "root", "punct"))
-    g2 = Sentence(("c",), ("X",), (0,), ("root",))
-    uas, las = attachment_scores(
-        [(2, 0, 1), (0,)], [("nmod", "root", "punct"), ("root",)], [g1, g2]
-    )
-    assert (uas, las) == (0.75, 0.5)  # punctuation counts; nmod differs from nmod:poss
-    uas, las = attachment_scores(
-        [(2, 0, 1), (0,)], [("nmod", "root", "punct"), ("root",)], [g1, g2], subtypes=False
-    )
-    assert (uas, las) == (0.75, 0.75)
-    with pytest.raises(ValueError, match="expected 3 predicted heads and labels, found 2 and 3"):
-        attachment_scores([(2, 0)], [("a", "b", "c")], [g1])
-    with pytest.raises(ValueError, match="as many predicted head and label sequences"):
-        attachment_scores([], [], [g1])
-    with pytest.raises(ValueError, match="at least one word"):
-        attachment_scores([], [], [])
-
-
-def test_build_vocabs() -> None:
-    sentences = parse_conllu(SMALL)
-    v = build_vocabs(sentences)
-    assert v.words.words[0] == "<unk>" and v.words.lookup("unseen") == 0
-    assert v.words.encode(["know", "zebra"])[1] == 0 and v.words.lookup("know") > 0
-    assert v.chars.words[0] == "<unk>" and v.chars.lookup("'") > 0
-    assert v.upos.labels == ("AUX", "NOUN", "PART", "PRON", "PUNCT", "VERB")
-    assert v.deprels.labels == ("advmod", "aux", "nmod:poss", "nsubj", "punct", "root")
-    assert v.upos.decode(v.upos.encode(sentences[0].upos)) == list(sentences[0].upos)
-    with pytest.raises(KeyError, match="expected one of the 6 known labels, found 'ADJ'"):
-        v.upos.index("ADJ")
-    with pytest.raises(ValueError, match="found 'A' twice"):
-        LabelSet(["A", "B", "A"])
-    assert build_vocabs(sentences + sentences[:1], min_count=2).words.words == [
-        "<unk>",
-        "I",
-        "do",
-        "n't",
-        "know",
-        ".",
-    ]
-
-
-# ----------------------------------------------------------------------------------------------
-# The real UD English-EWT data (skipped when it is not on this machine)
+# The real UD English-EWT data (skipped when it is not on this machine: see the ewt fixture)
 
 EXPECTED = {
     "train": (12_544, 204_577, 288, 280),
     "dev": (2_001, 25_147, 31, 31),
     "test": (2_077, 25_094, 26, 26),
 }
-
-
-@pytest.fixture(scope="module")
-def ewt() -> dict[str, list[Sentence]]:
-    folder = find_data("ud-ewt")
-    if folder is None or not (folder / "en_ewt-ud-train.conllu.gz").is_file():
-        pytest.skip("UD English-EWT is not available (see batchfold.data.conllu.load_ud)")
-    return {split: load_ud(split, path=folder) for split in ("train", "dev", "test")}
 
 
 @pytest.mark.parametrize("split", ["train", "dev", "test"])
@@ -533,26 +204,3 @@ def test_real_counts(ewt: dict[str, list[Sentence]], split: str) -> None:
     assert len({tag for s in sentences for tag in s.upos}) == 17
     assert all(s.sent_id for s in sentences)
     assert all(s.heads.count(0) == 1 for s in sentences)
-
-
-def test_real_static_oracle_rebuilds_every_projective_training_tree(
-    ewt: dict[str, list[Sentence]],
-) -> None:
-    rebuilt = 0
-    for s in ewt["train"]:
-        if not s.is_projective:
-            continue
-        config = rebuild(s)
-        assert tuple(config.heads) == s.heads, s.sent_id
-        assert tuple(config.labels) == s.deprels, s.sent_id
-        rebuilt += 1
-    assert rebuilt == 12_544 - 288
-
-
-def test_real_vocabs(ewt: dict[str, list[Sentence]]) -> None:
-    v = build_vocabs(ewt["train"])
-    assert len(v.upos) == 17
-    assert len({base_relation(d) for d in v.deprels}) == 36
-    dev_words = [w for s in ewt["dev"] for w in s.words]
-    unknown = sum(1 for i in v.words.encode(dev_words) if i == 0)
-    assert 0 < unknown < 0.1 * len(dev_words)

@@ -13,7 +13,8 @@ from treebank_files import write_treebank
 
 import batchfold as bf
 from batchfold.cli import build_parser
-from batchfold.data.conllu import Action, ArcHybrid, Sentence, build_vocabs, oracle_transitions
+from batchfold.data.conllu import Sentence
+from batchfold.data.ud import build_vocabs
 from batchfold.models.parser import (
     ArcHybridParser,
     best_transition,
@@ -23,6 +24,7 @@ from batchfold.models.parser import (
     sentence_loss,
     transition_loss,
 )
+from batchfold.models.transitions import Action, ArcHybrid, oracle_transitions
 from batchfold.training.parser import ParserTask, make_task
 from batchfold.training.tagger import UDSplits
 from reference import assert_matches_eager

@@ -12,7 +12,8 @@ from treebank_files import write_treebank
 
 import batchfold as bf
 from batchfold.cli import build_parser
-from batchfold.data.conllu import Sentence, build_vocabs
+from batchfold.data.conllu import Sentence
+from batchfold.data.ud import build_vocabs
 from batchfold.models.tagger import BiLSTM, BiLSTMTagger, predict_tags, sentence_losses
 from batchfold.training.tagger import TaggerTask, UDSplits, make_task
 from reference import assert_matches_eager

@@ -3,16 +3,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from batchfold.data.trees import BinaryTree, chain, complete_tree, random_trees
+from batchfold.data.trees import BinaryTree
 from batchfold.models.tree_lstm import (
     BinaryTreeLSTMCell,
     FoldBenchmarkCell,
     TreeLSTMClassifier,
     TreeRNNCell,
     TreeRNNClassifier,
-    flatten_trees,
-    level_batched_loss,
-    naive_batch_loss,
     per_tree_loss,
 )
 
@@ -23,12 +20,6 @@ def _model(seed: int = 0, vocab: int = 1000) -> TreeLSTMClassifier:
     for p in model.parameters():  # larger weights than the default, to exercise the gates
         torch.nn.init.uniform_(p, -1.0, 1.0)
     return model
-
-
-def _grads(model: torch.nn.Module, loss: torch.Tensor) -> list[torch.Tensor]:
-    params = list(model.parameters())
-    grads = torch.autograd.grad(loss, params, allow_unused=True)
-    return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)]
 
 
 def test_lstm_cell_batch_matches_single():
@@ -95,47 +86,6 @@ def test_fold_benchmark_cell():
     torch.testing.assert_close(y, expected)
 
 
-def test_flatten_trees_levels():
-    trees = [complete_tree(2, rng=0), BinaryTree.leaf(3, label=4), chain(4, rng=1)]
-    flat = flatten_trees(trees)
-    assert flat.n_nodes == 7 + 1 + 7
-    assert flat.offsets == [0, 9, 12, 14, 15]  # 9 leaves; levels 1, 2, 3
-    assert flat.words.tolist()[4] == 3
-    assert flat.labels.tolist()[4] == 4
-    assert flat.children.shape == (2 * 6,)
-    # Every child sits on a lower level than its parent.
-    parents = torch.arange(9, 15).repeat_interleave(2)
-    assert bool((flat.children < parents).all())
-
-
-@pytest.mark.parametrize(
-    "trees",
-    [
-        random_trees(1, 5, 5, rng=0),  # a batch of one tree
-        [BinaryTree.leaf(3, label=2)],  # a single leaf
-        [BinaryTree.leaf(1), BinaryTree.leaf(2, label=4)],
-        random_trees(8, 1, 12, rng=1),  # single-leaf trees included
-        random_trees(20, 2, 60, rng=2),
-        [chain(30, rng=3), complete_tree(4, rng=4), *random_trees(5, 1, 3, rng=5)],
-    ],
-)
-def test_level_batched_matches_naive(trees: list[BinaryTree]):
-    model = _model()
-    naive = naive_batch_loss(model, trees)
-    batched = level_batched_loss(model, trees)
-    assert naive.dtype == torch.float64
-    torch.testing.assert_close(batched, naive, rtol=1e-10, atol=0)
-    for g_batched, g_naive in zip(_grads(model, batched), _grads(model, naive), strict=True):
-        torch.testing.assert_close(g_batched, g_naive, rtol=1e-10, atol=1e-12)
-
-
-def test_naive_sums_per_tree_losses():
-    model = _model(seed=3)
-    trees = random_trees(3, 1, 10, rng=6)
-    total = sum(per_tree_loss(model, t).item() for t in trees)
-    assert naive_batch_loss(model, trees).item() == pytest.approx(total, rel=1e-12)
-
-
 def test_per_tree_loss_is_node_cross_entropy():
     model = _model(seed=4)
     leaf_l, leaf_r = BinaryTree.leaf(5, label=1), BinaryTree.leaf(9, label=3)
@@ -147,22 +97,6 @@ def test_per_tree_loss_is_node_cross_entropy():
     logits = model.output(torch.stack([h_l, h_r, h]))
     expected = torch.nn.functional.cross_entropy(logits, torch.tensor([1, 3, 0]), reduction="sum")
     torch.testing.assert_close(per_tree_loss(model, tree), expected)
-
-
-def test_float32_training_step_runs():
-    torch.manual_seed(0)
-    model = TreeLSTMClassifier(100, emb_dim=16, hidden=8, dropout=0.2)
-    sgd = torch.optim.SGD(model.parameters(), lr=0.002)
-    trees = random_trees(16, 2, 20, rng=0, vocab_size=100)
-    model.eval()
-    before = level_batched_loss(model, trees).item()
-    model.train()
-    for _ in range(10):
-        sgd.zero_grad()
-        level_batched_loss(model, trees).backward()
-        sgd.step()
-    model.eval()
-    assert level_batched_loss(model, trees).item() < before
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ def test_top_level_help_lists_commands_and_tasks(capsys: pytest.CaptureFixture[s
 
 
 def test_task_help_explains_every_option(capsys: pytest.CaptureFixture[str]) -> None:
-    for command in cli.COMMANDS:
+    for command in cli.TASK_COMMANDS:
         parser = cli.build_parser(command, "sst")
         undocumented = [
             action.option_strings
@@ -46,8 +46,9 @@ def test_train_options_parse_with_task_defaults() -> None:
         10,
         "depth",
     )
-    assert (args.batch_size, args.epochs, args.lr, args.out) == (100, 20, None, "runs/sst")
-    assert (args.word_dim, args.hidden, args.embed_lr_scale) == (50, 150, 0.1)
+    assert (args.batch_size, args.epochs, args.lr, args.out) == (25, 20, None, "runs/sst")
+    assert (args.word_dim, args.hidden, args.embed_lr_scale) == (50, 150, 2.0)
+    assert (args.dropout, args.recurrent_dropout) == (0.5, None)  # None: 0.25 for a Tree-LSTM
 
 
 def test_bad_option_value_is_rejected() -> None:

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import gzip
+import json
 import math
 from pathlib import Path
 
@@ -8,7 +10,7 @@ import torch
 from sst_files import TinySST
 
 import batchfold as bf
-from batchfold.cli import build_parser
+from batchfold.cli import build_parser, main
 from batchfold.data.sst import parse_tree
 from batchfold.data.trees import random_trees
 from batchfold.data.vocab import Vocab
@@ -239,3 +241,46 @@ def test_recurrent_dropout_needs_the_tree_lstm(tiny_sst: TinySST) -> None:
     task = tiny_task(tiny_sst, "--cell", "treernn", "--recurrent-dropout", "0.1")
     with pytest.raises(ValueError, match="Tree-LSTM cell only"):
         task.build_model()
+
+
+def test_glove_dim_100_reads_the_partial_file(
+    tiny_sst: TinySST, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A fake 100d file with vectors for three of the tiny data set's words, named as in the
+    # glove-sst data folder; every other word gets the usual uniform initialisation.
+    folder = tmp_path / "glove-100"
+    folder.mkdir()
+    covered = {"good": 0.5, "movie": -0.25, "(": 1.5}  # "(" stands for -LRB-
+    with gzip.open(folder / "glove.6B.100d.sst-partial.txt.gz", "wt", encoding="utf-8") as f:
+        f.writelines(" ".join([w, *[str(v)] * 100]) + "\n" for w, v in covered.items())
+    task = tiny_task(tiny_sst, "--glove", str(folder), "--glove-dim", "100")
+    words = len(task.vocab) - 1
+    found = sum(task.vocab.lookup(w) != 0 for w in ("good", "movie", "-LRB-"))
+    assert task.args.word_dim == 100
+    assert task.args.glove_words == {"dim": 100, "found": found, "missing": words - found}
+    out = capsys.readouterr().out
+    assert f"glove 100d: vectors for {found} of {words} words" in out
+    assert f"{words - found} words without one get the usual random initialisation" in out
+    weight = task.build_model().get_parameter("embedding.weight").detach()
+    assert weight.shape == (len(task.vocab), 100)
+    for word, value in (("good", 0.5), ("movie", -0.25), ("-LRB-", 1.5)):
+        if task.vocab.lookup(word) != 0:
+            assert torch.equal(weight[task.vocab.lookup(word)], torch.full((100,), value))
+    missing = [i for i, w in enumerate(task.vocab.words) if w not in ("good", "movie", "-LRB-")]
+    assert float(weight[missing].abs().max()) <= 0.05
+
+
+def test_glove_words_go_into_the_run_config(tiny_sst: TinySST, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    assert main([*tiny_sst.train_argv(out), "--epochs", "1"]) == 0
+    config = json.loads((out / "config.json").read_text())
+    words = len(tiny_task(tiny_sst).vocab) - 1
+    assert config["word_dim"] == 4 and config["glove_words"]["dim"] == 4
+    assert config["glove_words"]["found"] + config["glove_words"]["missing"] == words
+
+
+def test_recurrent_dropout_default_depends_on_the_cell(tiny_sst: TinySST) -> None:
+    assert tiny_task(tiny_sst).args.recurrent_dropout == 0.25
+    treernn = tiny_task(tiny_sst, "--cell", "treernn")
+    assert treernn.args.recurrent_dropout == 0.0
+    assert isinstance(treernn.build_model(), TreeRNNClassifier)

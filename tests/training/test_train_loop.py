@@ -30,6 +30,8 @@ def test_two_epochs_write_every_output(tiny_sst: TinySST, tmp_path: Path) -> Non
         "best.pt",
         "curves.png",
         "test.json",
+        "profile.json",
+        "report.html",
     }
     config = json.loads((out / "config.json").read_text())
     assert (config["task"], config["lr"], config["optimizer"], config["hidden"]) == (

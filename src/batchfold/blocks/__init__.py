@@ -8,7 +8,6 @@ Types are checked when blocks are composed; see :mod:`batchfold.blocks.types`.
 
 from .base import Block as Block
 from .base import Identity as Identity
-from .base import convert_to_block as convert_to_block
 from .combinators import AllOf as AllOf
 from .combinators import Metric as Metric
 from .combinators import OneOf as OneOf
@@ -18,6 +17,7 @@ from .combinators import Record as Record
 from .combinators import Void as Void
 from .compiler import CompiledModel as CompiledModel
 from .compiler import compile as compile
+from .convert import convert_to_block as convert_to_block
 from .function import Function as Function
 from .layers import FC as FC
 from .layers import Embedding as Embedding
@@ -26,6 +26,7 @@ from .plan import SequenceBatch as SequenceBatch
 from .pyobjects import GetItem as GetItem
 from .pyobjects import InputTransform as InputTransform
 from .pyobjects import Slice as Slice
+from .recursion import ForwardDeclaration as ForwardDeclaration
 from .sequences import RNN as RNN
 from .sequences import Broadcast as Broadcast
 from .sequences import Fold as Fold
@@ -59,4 +60,3 @@ from .types import TupleType as TupleType
 from .types import Type as Type
 from .types import VoidType as VoidType
 from .wiring import Composition as Composition
-from .wiring import ForwardDeclaration as ForwardDeclaration

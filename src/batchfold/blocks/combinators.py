@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .base import Block, Specializer, Tape, Walker, convert_to_block
+from .base import Block
 from .codegen import Emitter, Symbol
+from .convert import constructors, convert_to_block, register_converter
 from .tensors import Zeros
 from .types import (
     BlockTypeError,
@@ -22,6 +23,7 @@ from .types import (
     canonical,
     short,
 )
+from .walker import Specializer, Tape, Walker
 
 
 class Pipe(Block):
@@ -396,6 +398,9 @@ class Metric(Block):
     def __repr__(self) -> str:
         return f"Metric({self.name!r})"
 
+
+register_converter(dict, list, tuple)(Record)
+constructors.pipe = Pipe
 
 __all__ = [
     "AllOf",

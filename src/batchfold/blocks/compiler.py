@@ -19,14 +19,16 @@ import torch
 from torch import nn
 
 from .. import lazy
-from ..execute import Store
+from ..execute import Executor
 from ..graph import Graph, Signature, TensorMeta
 from ..lazy import Lazy, Recorder
+from ..profile import Profile
 from ..schedule import Plan, Scheduler, Step, schedule
 from ..stats import Stats
-from .base import Block, Identity, OpSpec, Specializer, Tape, convert_to_block, deep_recursion
+from .base import Block, Identity
 from .codegen import generate
 from .combinators import Record, Void
+from .convert import constructors, convert_to_block
 from .function import device_of
 from .plan import (
     BlockPlan,
@@ -40,6 +42,7 @@ from .plan import (
     output_layout,
     sequence_batch,
 )
+from .recursion import RecursionCheck, too_deep
 from .sequences import Map
 from .tensors import Tensor as TensorBlock
 from .types import (
@@ -52,6 +55,7 @@ from .types import (
     Type,
     VoidType,
 )
+from .walker import OpSpec, Specializer, Tape, deep_recursion
 
 
 def _reader(t: Type) -> Block:
@@ -67,21 +71,6 @@ def _reader(t: Type) -> Block:
     if isinstance(t, VoidType):
         return Void()
     raise ValueError(f"a model's input cannot be of type {t!r}")
-
-
-class InlineRecorder(Recorder):
-    """Records the per-instance code of ``Function(..., per_instance=True)`` into a block graph."""
-
-    def __init__(self, graph: Graph) -> None:
-        super().__init__()
-        self.graph = graph
-
-    def read(self, lazy: Lazy, what: str) -> torch.Tensor:
-        raise BlockInputError(
-            f"{what} of a lazy value inside Function(..., per_instance=True): values are not "
-            "computed while a block model records its inputs. Read values in code run by "
-            "batch_map, or branch on the Python input with OneOf."
-        )
 
 
 _DERIVED = (
@@ -138,9 +127,10 @@ class CompiledModel(nn.Module):
         """Specialise the root block; sets everything that is derived from the blocks."""
         root = self.root
         in_type = root.in_type if root.in_type is not None else PyObjectType()
-        ctx = Specializer()
+        ctx = RecursionCheck()
         with torch._C.DisableTorchFunction():
             walker = ctx.child(root, in_type, "model")
+            ctx.refuse_endless()
             if isinstance(in_type, (PyObjectType, VoidType)):
                 self._walk = generate(walker, "model")
             else:
@@ -205,6 +195,8 @@ class CompiledModel(nn.Module):
                     try:
                         outs.append(walk(tape, x))
                     except Exception as error:
+                        if isinstance(error, RecursionError) and (deep := too_deep(error, index)):
+                            raise deep from None  # its traceback is as deep as the input
                         if not isinstance(error, BlockInputError):  # that one names the input
                             # what BaseException.add_note does on 3.11+ (notes print under it)
                             note = f"(raised while recording input {index} of the batch)"
@@ -260,9 +252,7 @@ class CompiledModel(nn.Module):
                 steps.append(PlanStep(-1, step.nodes, step.gathers, None, step))
                 continue
             assert isinstance(spec, OpSpec)
-            payloads = None
-            if spec.source in ("scalar", "tensor"):
-                payloads = [step.sig.payloads[p] for p in step.positions]
+            payloads = step.payloads if spec.source in ("scalar", "tensor") else None
             steps.append(PlanStep(index, step.nodes, step.gathers, payloads, None, step.fanouts))
         ids: list[list[int]] = [[] for _ in self._leaves]
         lengths: list[list[int]] = [[] for _ in self._leaves]
@@ -304,20 +294,23 @@ class CompiledModel(nn.Module):
             sig = spec.signature(part.spec, key, device, None)
             count = len(part.nodes)
             if spec.constant is not None:
-                sig.payloads = [spec.constant(self, device)] * count
+                payloads = [spec.constant(self, device)] * count
             else:
                 assert part.payloads is not None
-                sig.payloads = part.payloads
+                payloads = part.payloads
                 if spec.source == "tensor" and part.payloads[0].device != device:
-                    sig.payloads = list(torch.stack(part.payloads).to(device).unbind(0))
-            steps.append(Step(i, sig, part.nodes, np.arange(count), part.gathers, part.fanouts))
+                    payloads = list(torch.stack(part.payloads).to(device).unbind(0))
+            steps.append(
+                Step(i, sig, part.nodes, np.arange(count), part.gathers, part.fanouts, payloads)
+            )
         return Plan(steps, 0, plan.node_step, plan.node_row)
 
-    def run(self, plan: BlockPlan) -> tuple[Any, dict[str, torch.Tensor]]:
+    def run(self, plan: BlockPlan, profile: bool = False) -> tuple[Any, dict[str, torch.Tensor]]:
         """Run a plan made by :meth:`schedule` (here or in another process).
 
         Arguments:
             plan: the plan; its ops are bound to this model's modules on its device.
+            profile: time every step per signature (``last_stats.profile``).
 
         Returns:
             ``(outputs, metrics)``: the root outputs batched along dim 0 and one tensor per
@@ -326,7 +319,8 @@ class CompiledModel(nn.Module):
         start = time.perf_counter()
         device = self.device
         engine = self._engine_plan(plan, device)
-        store = Store()
+        store = Executor()
+        store.profile = Profile() if profile else None
         store.run(engine)
         tensors: list[Any] = []
         for leaf, ids, lengths in zip(self._leaves, plan.outputs, plan.lengths, strict=True):
@@ -343,17 +337,26 @@ class CompiledModel(nn.Module):
             nodes=len(plan.node_step),
             steps=len(engine.steps),
             segments=1,
-            fallbacks=dict(store.fallbacks),
+            fallbacks=dict(store.fallbacks.counts),
             record_s=plan.record_s,
             schedule_s=plan.schedule_s,
             execute_s=time.perf_counter() - start,
             plan=engine,
+            profile=store.profile,
         )
+        if store.profile is not None:
+            store.profile.phases = {
+                "record": plan.record_s,
+                "schedule": plan.schedule_s,
+                "execute": self.last_stats.execute_s,
+            }
         return assemble_outputs(self._layout, tensors), metrics
 
-    def forward(self, inputs: Iterable[Any]) -> tuple[Any, dict[str, torch.Tensor]]:
+    def forward(
+        self, inputs: Iterable[Any], profile: bool = False
+    ) -> tuple[Any, dict[str, torch.Tensor]]:
         """``run(schedule(inputs))``: the batched outputs and the metric tensors."""
-        return self.run(self.schedule(inputs))
+        return self.run(self.schedule(inputs), profile=profile)
 
     def evaluate(self, x: Any) -> Any:
         """Run the model on one input; the output keeps its structure, without a batch dim.
@@ -367,13 +370,14 @@ class CompiledModel(nn.Module):
             >>> compile(Map(Scalar())).evaluate([1.0, 2.0])
             [tensor(1.), tensor(2.)]
         """
-        if lazy._ACTIVE:
-            return self._evaluate_lazy(x, lazy._ACTIVE[-1])
+        rec = lazy.active_recorder()
+        if rec is not None:
+            return self._evaluate_lazy(x, rec)
         device = self.device
         graph = Graph()
         tape = self._tape(graph)
         (out,) = self._record(tape, [x])
-        store = Store()
+        store = Executor()
         store.run(schedule(graph, "depth"))  # one input: depth-based is as good and cheaper
         ids: list[int] = []
         map_tensors(out, self.out_type, lambda v, t: ids.append(v))
@@ -425,7 +429,7 @@ def compile(
 
     Raises:
         BlockTypeError: a block cannot take the type it is given, a forward declaration was
-            never resolved, or the root's output cannot be batched.
+            never resolved or recurses on every path, or the root's output cannot be batched.
 
     Example:
         >>> from batchfold.blocks import Map, Scalar, Sum
@@ -436,6 +440,8 @@ def compile(
     """
     return CompiledModel(root, scheduler=scheduler, sequences=sequences)
 
+
+constructors.evaluator = lambda block: CompiledModel(block, batch_outputs=False)
 
 __all__ = [
     "CompiledModel",

@@ -17,8 +17,9 @@ from torch import nn
 from ..graph import Signature, TensorMeta
 from ..lazy import Lazy
 from ..ops import OpRule, fill
-from .base import Block, OpSpec, Specializer, Tape, Walker, tensor_template
+from .base import Block
 from .codegen import Emitter, Symbol, flat_ids, structured
+from .convert import register_converter
 from .types import (
     BlockTypeError,
     TensorType,
@@ -28,6 +29,7 @@ from .types import (
     is_tensors,
     short,
 )
+from .walker import OpSpec, Specializer, Tape, Walker, tensor_template
 
 
 def modules_of(fn: Any) -> list[nn.Module]:
@@ -285,6 +287,11 @@ def _per_instance_walk(
         return _structure(out, ids, 0)[0]
 
     return walk
+
+
+@register_converter(nn.Module)
+def _module_block(module: nn.Module) -> Function:
+    return Function(module, in_type=getattr(module, "block_in_type", None))
 
 
 __all__ = [

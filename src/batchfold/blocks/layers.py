@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .combinators import Pipe
+from .convert import convert_to_block
 from .types import TensorType
 
 
@@ -22,19 +24,13 @@ class _Layer(nn.Module):
     """``>>`` for modules: ``layer >> block`` and ``block >> layer`` make a ``Pipe``."""
 
     def __rshift__(self, other: Any) -> Any:
-        from .combinators import Pipe
-
         return Pipe(self, other)
 
     def __rrshift__(self, other: Any) -> Any:
-        from .combinators import Pipe
-
         return Pipe(other, self)
 
     def reads(self, *wires: Any) -> Any:
         """Wire this layer inside a ``Composition`` (see ``Block.reads``)."""
-        from .base import convert_to_block
-
         return convert_to_block(self).reads(*wires)
 
 

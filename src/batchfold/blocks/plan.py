@@ -14,7 +14,7 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 import torch
 
-from ..execute import Store
+from ..execute import Executor
 from ..graph import OUT_BITS, OUT_MASK
 from ..schedule import Fanout, Gather, Step
 from .base import Block
@@ -182,7 +182,9 @@ def map_tensors(value: Any, t: Type, fn: Callable[[int, TensorType], Any]) -> An
     return value
 
 
-def gather_rows(store: Store, ids: np.ndarray, t: TensorType, device: torch.device) -> torch.Tensor:
+def gather_rows(
+    store: Executor, ids: np.ndarray, t: TensorType, device: torch.device
+) -> torch.Tensor:
     """The values ``ids`` stacked along dim 0: one slice or gather per step output."""
     if len(ids) == 0:
         return torch.zeros((0, *t.shape), dtype=t.dtype, device=device)
@@ -194,7 +196,6 @@ def gather_rows(store: Store, ids: np.ndarray, t: TensorType, device: torch.devi
     parts = []
     for group in np.split(order, cuts):
         outputs = store.outputs[int(steps[group[0]])]
-        assert outputs is not None
         tensor, picked = outputs[int(outs[group[0]])], rows[group]
         if picked[-1] - picked[0] == len(picked) - 1 and np.all(np.diff(picked) == 1):
             parts.append(tensor[int(picked[0]) : int(picked[-1]) + 1])

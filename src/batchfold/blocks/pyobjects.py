@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .base import Block, Specializer, Tape, Walker
+from .base import Block
 from .types import (
     BlockTypeError,
     BroadcastSequenceType,
@@ -19,6 +19,7 @@ from .types import (
     canonical,
     short,
 )
+from .walker import Specializer, Tape, Walker
 
 
 class InputTransform(Block):

@@ -14,7 +14,8 @@ import torch
 
 from ..graph import Signature
 from ..ops import OpRule
-from .base import Block, OpSpec, Specializer, Tape, Walker, convert_to_block
+from .base import Block
+from .convert import convert_to_block
 from .function import Function
 from .tensors import Zeros, as_dtype
 from .types import (
@@ -29,6 +30,7 @@ from .types import (
     canonical,
     short,
 )
+from .walker import OpSpec, Specializer, Tape, Walker
 
 
 class Repeat:

@@ -16,8 +16,9 @@ import torch
 from ..graph import Signature
 from ..lazy import Lazy
 from ..ops import OpRule
-from .base import Block, OpSpec, Specializer, Tape, Walker, void_or
+from .base import Block
 from .codegen import Emitter, Symbol
+from .convert import register_converter
 from .function import call_walker
 from .types import (
     BlockTypeError,
@@ -31,6 +32,7 @@ from .types import (
     is_tensors,
     short,
 )
+from .walker import OpSpec, Specializer, Tape, Walker, void_or
 
 _NUMBERS = (int, float, bool)
 
@@ -399,6 +401,8 @@ class Concat(Block):
     def __repr__(self) -> str:
         return f"Concat({self.dim}, flatten={self.flatten})"
 
+
+register_converter(torch.Tensor)(FromTensor)
 
 __all__ = [
     "Concat",

@@ -4,17 +4,19 @@ A tensor type is one instance's shape and dtype (no batch dimension). Tuples, se
 any length, broadcast (endless) sequences, Python objects and void complete the set, as in
 TensorFlow Fold. A tuple or a sequence made only of Python objects is itself a Python object
 (:func:`canonical`), so ``Map`` over a Python list of numbers has input type
-``PyObjectType()``.
+``PyObjectType()``. The errors raised when types do not fit, :class:`BlockTypeError` and
+:class:`BlockInputError`, are defined in :mod:`batchfold.errors` and re-exported here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
-from ..errors import BatchfoldError
+from ..errors import BlockInputError as BlockInputError
+from ..errors import BlockTypeError as BlockTypeError
+from ..errors import short as short
 
 __all__ = [
     "BlockInputError",
@@ -154,55 +156,3 @@ def flat_tensor_types(t: Type) -> list[TensorType]:
         return [t]
     assert isinstance(t, TupleType)
     return [leaf for item in t.items for leaf in flat_tensor_types(item)]
-
-
-def short(obj: Any, limit: int = 90) -> str:
-    """``repr(obj)`` cut to ``limit`` characters, for error messages."""
-    text = repr(obj)
-    return text if len(text) <= limit else text[: limit - 4] + " ...)"
-
-
-class BlockTypeError(BatchfoldError, TypeError):
-    """A block got an input of a type it cannot take; raised when blocks are composed.
-
-    The message names the block and where it sits in the model, what it expects and what it
-    got, and, inside a ``Pipe``, the block whose output that was.
-
-    Attributes:
-        block: the block that refused its input.
-        path: where that block sits (``model[2].cases[0]``).
-        got: the input type it was given.
-    """
-
-    def __init__(
-        self,
-        block: Any,
-        path: str,
-        expected: str,
-        got: Type | None,
-        hint: str = "",
-        source: str = "",
-        verb: str = "expects",
-    ) -> None:
-        self.block, self.path, self.expected, self.got = block, path, expected, got
-        self.hint, self.source, self.verb = hint, source, verb
-        self.entries = [path]  # paths whose input ``got`` is (a Pipe's first block's is the Pipe's)
-        given = "" if got is None else f", got {got!r}" if verb == "expects" else f", not {got!r}"
-        text = f"{short(block)} at {path} {verb} {expected}{given}{source}."
-        super().__init__(text + (f" {hint}" if hint else ""))
-
-    def with_source(self, block: Any, path: str) -> BlockTypeError:
-        """The same error, saying which block's output the refused input was."""
-        return BlockTypeError(
-            self.block,
-            self.path,
-            self.expected,
-            self.got,
-            self.hint,
-            f" from {short(block)} at {path}",
-            self.verb,
-        )
-
-
-class BlockInputError(BatchfoldError, ValueError):
-    """A Python input does not fit the block that reads it (found while recording a batch)."""

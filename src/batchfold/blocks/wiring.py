@@ -1,7 +1,7 @@
-"""Blocks wired by hand: ``ForwardDeclaration`` (recursion) and ``Composition`` (a DAG).
+"""Blocks wired by hand: ``Composition``, a DAG.
 
-A declaration's references walk the declared block when they run, so a block may contain
-itself. A composition traces a Python function that wires blocks with ``block.reads(wire)``.
+A composition traces a Python function that wires blocks with ``block.reads(wire)``.
+(``ForwardDeclaration``, the other block wired by hand, is in :mod:`.recursion`.)
 """
 
 from __future__ import annotations
@@ -10,69 +10,12 @@ from collections.abc import Callable
 from operator import itemgetter
 from typing import Any
 
-from .base import Block, Specializer, Tape, Walker, convert_to_block
+from .base import Block
 from .codegen import Emitter, Symbol
+from .convert import constructors, convert_to_block
 from .pyobjects import GetItem
-from .types import BlockTypeError, TupleType, Type, VoidType, canonical, short
-
-
-class ForwardDeclaration:
-    """A block declared before it is defined, for recursion: ``decl()`` gives a reference.
-
-    Arguments:
-        input_type: the input type of the declared block.
-        output_type: its output type.
-        name: the name used in paths and errors.
-
-    Example:
-        >>> import torch
-        >>> from batchfold.blocks import Map, OneOf, PyObjectType, Scalar, Sum, TensorType
-        >>> expr = ForwardDeclaration(PyObjectType(), TensorType((), torch.float32))
-        >>> nested = OneOf(lambda x: isinstance(x, list), {False: Scalar("float32"),
-        ...                                                True: Map(expr()) >> Sum()})
-        >>> expr.resolve_to(nested)
-        >>> expr().eval([1.0, [2.0, [3.0]]])
-        tensor(6.)
-    """
-
-    def __init__(self, input_type: Type, output_type: Type, name: str = "forward") -> None:
-        self.input_type, self.output_type = canonical(input_type), canonical(output_type)
-        self.name = name
-        self.target: Block | None = None
-
-    def __call__(self) -> ForwardRef:
-        return ForwardRef(self)
-
-    def resolve_to(self, block: Any) -> None:
-        """Define the declared block (once); its types must match the declaration."""
-        if self.target is not None:
-            raise ValueError(f"{self!r} is already resolved to {short(self.target)}")
-        self.target = convert_to_block(block)
-        try:
-            Specializer(check=True).forward(self)
-        except Exception:
-            self.target = None
-            raise
-
-    def __repr__(self) -> str:
-        return f"ForwardDeclaration({self.input_type!r}, {self.output_type!r}, name={self.name!r})"
-
-
-class ForwardRef(Block):
-    """A use of a :class:`ForwardDeclaration` (made by calling it)."""
-
-    def __init__(self, declaration: ForwardDeclaration) -> None:
-        self.declaration = declaration
-        self.in_type = declaration.input_type
-
-    def _specialize(self, in_type: Type, ctx: Specializer, path: str) -> Walker:
-        decl = self.declaration
-        if canonical(in_type) != decl.input_type:
-            raise BlockTypeError(self, path, repr(decl.input_type), in_type)
-        return ctx.forward(decl)
-
-    def __repr__(self) -> str:
-        return f"{self.declaration.name}()"
+from .types import TupleType, Type, VoidType, canonical, short
+from .walker import Specializer, Tape, Walker
 
 
 class Wire:
@@ -212,10 +155,10 @@ class Composition(Block):
         return f"Composition({self.name})"
 
 
+constructors.reads = reads
+
 __all__ = [
     "Composition",
-    "ForwardDeclaration",
-    "ForwardRef",
     "Wire",
     "reads",
 ]

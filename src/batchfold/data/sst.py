@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Literal
 
 from batchfold.data.paths import find_data
+from batchfold.errors import SSTFormatError
 
 __all__ = [
     "SST_URL",
@@ -52,20 +53,6 @@ _ESCAPES = {
     "-LCB-": "{",
     "-RCB-": "}",
 }
-
-
-class SSTFormatError(ValueError):
-    """A line of an SST file is not a well-formed labelled PTB tree.
-
-    The message reads ``file:line:column: expected ..., found ...`` (the column is 1-based).
-
-    Example:
-        >>> try:
-        ...     parse_tree("(2 a", source="x.txt", line_no=3)
-        ... except SSTFormatError as err:
-        ...     print(err)
-        x.txt:3:5: expected ')', found end of line
-    """
 
 
 @dataclass(frozen=True, slots=True, eq=False, repr=False)

@@ -1,11 +1,15 @@
-"""A word vocabulary: words to integer ids, with id 0 reserved for unknown words."""
+"""Index maps: a word vocabulary (id 0 for unknown words) and a closed set of labels.
+
+:class:`Vocab` maps words to integer ids, with id 0 reserved for unknown words;
+:class:`LabelSet` numbers a closed set of labels (UPOS tags, relations), with no unknown entry.
+"""
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Iterator
 
-__all__ = ["UNK", "Vocab"]
+__all__ = ["UNK", "LabelSet", "Vocab"]
 
 UNK = "<unk>"
 """The word that stands for every word not in a vocabulary; its id is always 0."""
@@ -163,3 +167,97 @@ class Vocab:
 
     def __setstate__(self, state: list[str]) -> None:
         self._set_words(list(state))
+
+
+class LabelSet:
+    """A closed set of labels (UPOS tags, relations) numbered ``0..len - 1``, without unknowns.
+
+    Arguments:
+        labels: the labels, in id order; repeats are not allowed.
+
+    Raises:
+        ValueError: a label is repeated.
+
+    Example:
+        >>> tags = LabelSet(["NOUN", "VERB"])
+        >>> tags.encode(["VERB", "NOUN"]), tags.decode([1]), len(tags)
+        ([1, 0], ['VERB'], 2)
+    """
+
+    __slots__ = ("_ids", "labels")
+
+    def __init__(self, labels: Iterable[str]) -> None:
+        self.labels: tuple[str, ...] = tuple(labels)
+        """The labels in id order."""
+        self._ids = {label: i for i, label in enumerate(self.labels)}
+        if len(self._ids) != len(self.labels):
+            repeated = next(x for x, c in Counter(self.labels).items() if c > 1)
+            raise ValueError(f"expected distinct labels, found {repeated!r} twice")
+
+    def index(self, label: str) -> int:
+        """The id of a label.
+
+        Arguments:
+            label: a label of the set.
+
+        Returns:
+            Its id.
+
+        Raises:
+            KeyError: the label is not in the set.
+
+        Example:
+            >>> LabelSet(["a", "b"]).index("b")
+            1
+        """
+        try:
+            return self._ids[label]
+        except KeyError:
+            raise KeyError(
+                f"expected one of the {len(self.labels)} known labels, found {label!r}"
+            ) from None
+
+    def encode(self, labels: Iterable[str]) -> list[int]:
+        """The ids of a sequence of labels.
+
+        Arguments:
+            labels: labels of the set.
+
+        Returns:
+            One id per label.
+
+        Raises:
+            KeyError: a label is not in the set.
+
+        Example:
+            >>> LabelSet(["a", "b"]).encode("ba")
+            [1, 0]
+        """
+        return [self.index(label) for label in labels]
+
+    def decode(self, ids: Iterable[int]) -> list[str]:
+        """The labels of a sequence of ids.
+
+        Arguments:
+            ids: ids in ``0..len - 1``.
+
+        Returns:
+            One label per id.
+
+        Example:
+            >>> LabelSet(["a", "b"]).decode([0, 1, 1])
+            ['a', 'b', 'b']
+        """
+        return [self.labels[i] for i in ids]
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __contains__(self, label: object) -> bool:
+        return label in self._ids
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.labels)
+
+    def __repr__(self) -> str:
+        return f"LabelSet({list(self.labels)!r})"

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 import batchfold as bf
-from batchfold.data.conllu import UDVocabs
+from batchfold.data.ud import UDVocabs
 from batchfold.lazy import BatchedFunction
 
 __all__ = [

@@ -2,7 +2,7 @@
 
 Each word is its word vector and (optionally) its UPOS tag's vector; a two-layer BiLSTM
 runs over the sentence with the root token appended at the end, where
-:class:`~batchfold.data.conllu.ArcHybrid` keeps it. A configuration is scored from the
+:class:`~batchfold.models.transitions.ArcHybrid` keeps it. A configuration is scored from the
 BiLSTM vectors of the three top stack items and the first buffer item (a learned pad vector
 stands in for a missing stack item) by an MLP whose outputs are split in two: one score per
 transition (SHIFT, LEFT_ARC, RIGHT_ARC), then one per relation for each arc direction
@@ -29,16 +29,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import batchfold as bf
-from batchfold.data.conllu import (
-    ROOT,
-    Action,
-    ArcHybrid,
-    Sentence,
-    UDVocabs,
-    action_cost,
-    oracle_transitions,
-)
+from batchfold.data.conllu import ROOT, Sentence
+from batchfold.data.ud import UDVocabs
 from batchfold.models.bilstm import BiLSTM, WordDropoutModel, check_sizes
+from batchfold.models.transitions import Action, ArcHybrid, action_cost, oracle_transitions
 
 __all__ = [
     "ArcHybridParser",
@@ -111,7 +105,7 @@ class ArcHybridParser(WordDropoutModel):
             not have one count per word id.
 
     Example:
-        >>> from batchfold.data.conllu import build_vocabs
+        >>> from batchfold.data.ud import build_vocabs
         >>> s = Sentence(("I", "ran"), ("PRON", "VERB"), (2, 0), ("nsubj", "root"))
         >>> model = ArcHybridParser(build_vocabs([s]), word_dim=4, pos_dim=2, hidden=3,
         ...                         mlp_hidden=5)
@@ -381,7 +375,7 @@ def exploring_loss(
     """Dynamic-oracle training loss with exploration, for one sentence (single-sentence code).
 
     At each step the scores are read (a sync point). The target is the best-scoring legal
-    transition of least cost (:func:`~batchfold.data.conllu.action_cost`: 0 for a projective
+    transition of least cost (:func:`~batchfold.models.transitions.action_cost`: 0 for a projective
     tree), with the gold relation when it attaches the stack top to its gold head; the loss
     is its :func:`transition_loss`. The parser then follows its own best transition with
     probability ``explore`` when that one costs more, and the target otherwise, so that it

@@ -22,7 +22,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import batchfold as bf
-from batchfold.data.conllu import Sentence, UDVocabs
+from batchfold.data.conllu import Sentence
+from batchfold.data.ud import UDVocabs
 from batchfold.models.bilstm import (
     BiLSTM,
     ConcatLinear,
@@ -68,7 +69,7 @@ class BiLSTMTagger(WordDropoutModel):
             not have one count per word id.
 
     Example:
-        >>> from batchfold.data.conllu import build_vocabs
+        >>> from batchfold.data.ud import build_vocabs
         >>> s = Sentence(("I", "ran"), ("PRON", "VERB"), (2, 0), ("nsubj", "root"))
         >>> tagger = BiLSTMTagger(build_vocabs([s]), word_dim=4, char_dim=3, hidden=5)
         >>> len(sentence_losses(tagger, s)), len(predict_tags(tagger, s))
@@ -160,7 +161,7 @@ def sentence_losses(model: BiLSTMTagger, sentence: Sentence) -> list[Tensor]:
         KeyError: a tag is not in the tag set.
 
     Example:
-        >>> from batchfold.data.conllu import build_vocabs
+        >>> from batchfold.data.ud import build_vocabs
         >>> s = Sentence(("a", "b"), ("X", "Y"), (2, 0), ("dep", "root"))
         >>> model = BiLSTMTagger(build_vocabs([s]), word_dim=3, char_dim=0, hidden=2)
         >>> batched = bf.batch_map(lambda x: sentence_losses(model, x), [s, s])

@@ -1,28 +1,20 @@
-"""Tree-LSTM and Tree-RNN cells, node-level classifiers, and two plain-PyTorch executions.
+"""Tree-LSTM and Tree-RNN cells, node-level classifiers, and their one-tree reference loss.
 
 The cells work on one instance (``x`` of shape ``[in]``, ``h`` of shape ``[hidden]``) and on a
 batch (a leading dimension ``[n, ...]``) alike: they only use ``nn.Linear``, element-wise
 functions and ``dim=-1`` splits, with no branching on values.
 
-Two reference executions of :class:`TreeLSTMClassifier` on a batch of
-:class:`~batchfold.data.trees.BinaryTree` are given, both summing the cross-entropy of every
-node's label:
-
-* :func:`naive_batch_loss` (via :func:`per_tree_loss`): one node at a time, no batching.
-* :func:`level_batched_loss`: hand-written batching by level (height above the leaves): all
-  leaves in one call, then one cell call per level over the children's states gathered with
-  ``index_select``.
-
-Both give the same loss and gradients (up to rounding).
+:func:`per_tree_loss` is the unbatched reference: the summed cross-entropy of every node's
+label, one node at a time. :func:`tree_node_losses` is the same loss as single-instance code
+for ``batchfold.batch_map``. The plain-PyTorch baselines that the benchmarks compare against
+(naive per-tree, hand-written level batching) are in ``benchmarks/baselines.py``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -31,15 +23,11 @@ from batchfold.data.trees import BinaryTree
 
 __all__ = [
     "BinaryTreeLSTMCell",
-    "FlatTrees",
     "FoldBenchmarkCell",
     "TreeClassifier",
     "TreeLSTMClassifier",
     "TreeRNNCell",
     "TreeRNNClassifier",
-    "flatten_trees",
-    "level_batched_loss",
-    "naive_batch_loss",
     "per_tree_loss",
     "tree_node_logits",
     "tree_node_losses",
@@ -359,152 +347,6 @@ def per_tree_loss(model: TreeLSTMClassifier, tree: BinaryTree) -> Tensor:
         stack.append((h, c))
         losses.append(-F.log_softmax(model(h), dim=-1)[node.label])
     return torch.stack(losses).sum()
-
-
-def naive_batch_loss(model: TreeLSTMClassifier, trees: Sequence[BinaryTree]) -> Tensor:
-    """The summed node loss of a batch of trees, one tree and one node at a time.
-
-    Arguments:
-        model: the classifier.
-        trees: the batch.
-
-    Returns:
-        A scalar loss, the sum of :func:`per_tree_loss` over the trees.
-    """
-    return torch.stack([per_tree_loss(model, t) for t in trees]).sum()
-
-
-@dataclass(frozen=True)
-class FlatTrees:
-    """A batch of trees flattened into index arrays, with nodes ordered by level.
-
-    Level ``k`` is a node's height above the leaves (leaves are level 0). Positions
-    ``offsets[k]:offsets[k + 1]`` hold the nodes of level ``k``, so the leaves come first.
-
-    Arguments:
-        words: the word ids of the leaves, ``[n_leaves]`` (int64).
-        labels: every node's label in level order, ``[n_nodes]`` (int64).
-        children: for the internal nodes in level order, their children's positions
-            interleaved ``l0, r0, l1, r1, ...``, ``[2 * (n_nodes - n_leaves)]`` (int64).
-        offsets: level boundaries, ``[n_levels + 1]``.
-    """
-
-    words: Tensor
-    labels: Tensor
-    children: Tensor
-    offsets: list[int]
-
-    @property
-    def n_nodes(self) -> int:
-        """The number of nodes in the batch."""
-        return self.offsets[-1]
-
-
-def flatten_trees(trees: Sequence[BinaryTree], device: torch.device | str = "cpu") -> FlatTrees:
-    """Flatten a batch of trees into level-ordered index arrays (see :class:`FlatTrees`).
-
-    Arguments:
-        trees: the batch (at least one tree).
-        device: where the index tensors go.
-
-    Returns:
-        The flattened batch.
-
-    Example:
-        >>> from batchfold.data.trees import chain
-        >>> flat = flatten_trees([chain(3), BinaryTree.leaf(7)])
-        >>> flat.offsets, flat.children.tolist()
-        ([0, 4, 5, 6], [0, 1, 4, 2])
-    """
-    words: list[int] = []  # per node in post-order; -1 on internal nodes
-    labels: list[int] = []
-    levels: list[int] = []
-    left: list[int] = []  # per node; -1 on leaves
-    right: list[int] = []
-    for tree in trees:
-        done: list[int] = []  # finished subtrees' node ids, as a stack
-        todo: list[tuple[BinaryTree, bool]] = [(tree, False)]
-        while todo:
-            node, expanded = todo.pop()
-            if node.left is None or node.right is None:
-                done.append(len(words))
-                words.append(node.word if node.word is not None else -1)
-                labels.append(node.label)
-                levels.append(0)
-                left.append(-1)
-                right.append(-1)
-            elif expanded:
-                r = done.pop()
-                lf = done.pop()
-                done.append(len(words))
-                words.append(-1)
-                labels.append(node.label)
-                levels.append(max(levels[lf], levels[r]) + 1)
-                left.append(lf)
-                right.append(r)
-            else:
-                todo += [(node, True), (node.right, False), (node.left, False)]
-    level = np.asarray(levels, dtype=np.int64)
-    order = np.argsort(level, kind="stable")  # position -> node id
-    position = np.empty_like(order)
-    position[order] = np.arange(len(order))  # node id -> position
-    counts = np.bincount(level)
-    n_leaves = int(counts[0])
-    inner = order[n_leaves:]
-    children = np.stack(
-        [position[np.asarray(left)[inner]], position[np.asarray(right)[inner]]], axis=1
-    ).reshape(-1)
-    offsets = [0, *np.cumsum(counts).tolist()]
-    return FlatTrees(
-        words=torch.as_tensor(np.asarray(words)[order[:n_leaves]], device=device),
-        labels=torch.as_tensor(np.asarray(labels)[order], device=device),
-        children=torch.as_tensor(children, device=device),
-        offsets=offsets,
-    )
-
-
-def level_batched_loss(model: TreeLSTMClassifier, trees: Sequence[BinaryTree]) -> Tensor:
-    """The summed node loss of a batch of trees, batched by hand level by level.
-
-    All trees are flattened (:func:`flatten_trees`); all leaves run in one cell call, then each
-    level runs in one cell call on its children's states, gathered with ``index_select`` from the
-    states of the levels below. One output layer call and one cross-entropy cover all nodes.
-
-    Arguments:
-        model: the classifier.
-        trees: the batch.
-
-    Returns:
-        A scalar loss, equal to :func:`naive_batch_loss` up to rounding.
-
-    Example:
-        >>> from batchfold.data.trees import random_trees
-        >>> _ = torch.manual_seed(0)
-        >>> model = TreeLSTMClassifier(1000, emb_dim=8, hidden=4).double()
-        >>> trees = random_trees(4, 1, 9, rng=0)
-        >>> a, b = level_batched_loss(model, trees), naive_batch_loss(model, trees)
-        >>> bool(torch.allclose(a, b, rtol=1e-12))
-        True
-    """
-    cell = model.cell
-    hidden = cell.hidden
-    flat = flatten_trees(trees, device=model.output.weight.device)
-    h, c = cell.leaf(model.embed(flat.words))  # [n_leaves, hidden] each
-    hs, cs = [h], [c]
-    h_all, c_all = h, c  # states of every node so far, in level order
-    off, n_leaves = flat.offsets, flat.offsets[1]
-    for k in range(1, len(off) - 1):
-        m = off[k + 1] - off[k]  # nodes on level k
-        idx = flat.children[2 * (off[k] - n_leaves) : 2 * (off[k + 1] - n_leaves)]  # [2m]
-        h_lr = h_all.index_select(0, idx).view(m, 2 * hidden)  # [m, 2 * hidden] = [h_l; h_r]
-        c_lr = c_all.index_select(0, idx).view(m, 2, hidden)  # [m, 2, hidden]
-        h, c = cell.forward_cat(h_lr, c_lr[:, 0], c_lr[:, 1])
-        hs.append(h)
-        cs.append(c)
-        h_all = torch.cat(hs)
-        if k < len(off) - 2:
-            c_all = torch.cat(cs)
-    return F.cross_entropy(model(h_all), flat.labels, reduction="sum")
 
 
 def tree_node_logits(

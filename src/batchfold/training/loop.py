@@ -3,10 +3,12 @@
 :func:`train` runs a :class:`~batchfold.training.task.Task` for a number of epochs. After
 each epoch it evaluates on dev, appends a line to ``metrics.jsonl`` and saves ``last.pt``
 (weights, optimizer, RNG states, config), from which ``--resume`` continues exactly;
-``best.pt`` keeps the epoch with the best ``task.best_metric``. At the end it plots
-``curves.png``, times batched against one-at-a-time training (for an
+``best.pt`` keeps the epoch with the best ``task.best_metric``. Both are written atomically
+with a checksum that is verified when they are read (:mod:`batchfold.training.checkpoint`).
+At the end it plots ``curves.png``, times batched against one-at-a-time training (for an
 :class:`~batchfold.training.task.EagerBaseline` task) and writes the test metrics of the
-best checkpoint to ``test.json``.
+best checkpoint to ``test.json``. Last it profiles one sample batch into ``profile.json``
+and writes ``report.html`` (:mod:`batchfold.training.report`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ import json
 import math
 import os
 import random
-import shutil
+import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,7 +30,18 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from batchfold.errors import ConfigError
+from batchfold.training import distributed
+from batchfold.training.checkpoint import (
+    encode_checkpoint,
+    load_checkpoint,
+    rng_state,
+    set_rng_state,
+    write_checkpoint,
+)
 from batchfold.training.plot import plot_curves
+from batchfold.training.report import write_report
+from batchfold.training.sample import MAX_ITEMS, profile_batch
 from batchfold.training.task import EagerBaseline, Task
 
 __all__ = [
@@ -38,6 +52,7 @@ __all__ = [
     "compare_throughput",
     "evaluate_checkpoint",
     "load_checkpoint",
+    "prepare_out",
     "shuffled_batches",
     "train",
 ]
@@ -48,11 +63,8 @@ DEFAULT_LR = {"adagrad": 0.05, "adam": 0.001}
 # Options that may differ between a run and its --resume: they do not change the numbers.
 _FREE_ON_RESUME = frozenset(
     {"epochs", "resume", "device", "threads", "out", "compare_batches", "progress"}
+    | {"glove_words"}  # what the SST task found in the GloVe file, not an option
 )
-
-
-class ConfigError(ValueError):
-    """Options that cannot work together, such as ``--resume`` with a changed model size."""
 
 
 def add_arguments(parser: argparse.ArgumentParser, task_name: str) -> None:
@@ -100,8 +112,8 @@ def add_arguments(parser: argparse.ArgumentParser, task_name: str) -> None:
     group.add_argument(
         "--out",
         default=f"runs/{task_name}",
-        help="folder for config.json, metrics.jsonl, last.pt, best.pt, curves.png and "
-        "test.json (default: %(default)s)",
+        help="folder for config.json, metrics.jsonl, last.pt, best.pt, curves.png, "
+        "test.json, profile.json and report.html (default: %(default)s)",
     )
     group.add_argument(
         "--resume",
@@ -186,7 +198,7 @@ def _add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-# -- random state ----------------------------------------------------------------------------
+# -- seeds and batches -----------------------------------------------------------------------
 
 
 def seed_everything(seed: int) -> None:
@@ -198,30 +210,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def _rng_state() -> dict[str, Any]:
-    """The global generators' states, as plain lists and tensors (loadable weights-only)."""
-    version, internal, gauss = random.getstate()
-    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)  # type: ignore[misc]
-    state: dict[str, Any] = {
-        "python": [version, list(internal), gauss],
-        "numpy": [kind, torch.from_numpy(np.asarray(keys).copy()), pos, has_gauss, cached],
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    kind, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((kind, keys.numpy(), pos, has_gauss, cached))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def shuffled_batches(n_items: int, batch_size: int, seed: int, epoch: int) -> list[list[int]]:
@@ -249,37 +237,43 @@ def shuffled_batches(n_items: int, batch_size: int, seed: int, epoch: int) -> li
     return [order[i : i + batch_size] for i in range(0, n_items, batch_size)]
 
 
-# -- checkpoints ------------------------------------------------------------------------------
+# -- the output folder and resuming -----------------------------------------------------------
 
 
-def _save(path: Path, payload: dict[str, Any]) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
-
-
-def load_checkpoint(path: str | os.PathLike[str], device: str = "cpu") -> dict[str, Any]:
-    """Read a checkpoint written by :func:`train` (``last.pt`` or ``best.pt``).
+def prepare_out(out: str | os.PathLike[str]) -> Path:
+    """Create the ``--out`` folder if needed and check that files can be written in it.
 
     Arguments:
-        path: the file.
-        device: where the tensors go.
+        out: the folder.
 
     Returns:
-        A dict with ``model``, ``optimizer``, ``epoch``, ``rng``, ``config``, ``best`` and
-        ``dev`` (the epoch's dev metrics).
+        The folder as a path.
 
     Raises:
-        FileNotFoundError: no such file.
-        ConfigError: the file is not a batchfold training checkpoint.
+        ConfigError: the folder cannot be created (a file is in the way, a read-only parent)
+            or written to; the one-line message names the folder.
     """
-    file = Path(path)
-    if not file.is_file():
-        raise FileNotFoundError(f"no checkpoint at {file}")
-    payload = torch.load(file, map_location=device, weights_only=True)
-    if not isinstance(payload, dict) or not {"model", "config", "epoch"} <= payload.keys():
-        raise ConfigError(f"{file} is not a batchfold training checkpoint (no model/config)")
-    return payload
+    folder = Path(out)
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"--out {folder} is a file, not a folder; choose another --out")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder, prefix=".batchfold-write-test-"):
+            pass
+    except OSError as err:
+        reason = "a file is in its path" if isinstance(err, NotADirectoryError) else err.strerror
+        raise ConfigError(
+            f"--out {folder}: cannot create or write to this folder ({reason or err}); choose "
+            "a folder you can write to"
+        ) from err
+    return folder
+
+
+def _resume_advice(out: Path) -> str:
+    return (
+        f"to go on from the best epoch, copy {out / 'best.pt'} over it and --resume again, or "
+        "train again without --resume"
+    )
 
 
 def _config(args: argparse.Namespace) -> dict[str, Any]:
@@ -317,8 +311,13 @@ def _train_epoch(
     items: Sequence[Any],
     args: argparse.Namespace,
     epoch: int,
+    ranks: distributed.Ranks | None = None,
 ) -> dict[str, float]:
-    """One pass over the shuffled training items; returns loss, items/s and seconds."""
+    """One pass over the shuffled training items; returns loss, items/s and seconds.
+
+    With several ranks, each takes its share of every batch and the gradients are summed.
+    """
+    ranks = ranks or distributed.Ranks()
     model.train()
     batches = shuffled_batches(len(items), args.batch_size, args.seed, epoch)
     total_loss, total_terms = 0.0, 0
@@ -327,20 +326,27 @@ def _train_epoch(
         total=len(items),
         desc=f"epoch {epoch}/{args.epochs}",
         unit=f" {task.unit}",
-        disable=_progress_disabled(args),
+        disable=_progress_disabled(args) or not ranks.main,
         leave=False,
         dynamic_ncols=True,
     ) as bar:
         for number, indices in enumerate(batches, 1):
             optimizer.zero_grad(set_to_none=True)
-            loss, terms = task.loss(model, [items[i] for i in indices])
-            value = loss.item()
+            share = ranks.share(indices) if ranks.world > 1 else indices
+            value, terms = 0.0, 0
+            if share:
+                loss, terms = task.loss(model, [items[i] for i in share])
+                loss.backward()
+                value = loss.item()
+            distributed.sum_gradients(model, ranks)
+            if ranks.world > 1:
+                value, summed = distributed.sum_values([value, terms], ranks)
+                terms = int(summed)
             if not math.isfinite(value):
                 raise FloatingPointError(
                     f"the {task.name} loss is {value} at epoch {epoch}, batch {number}; try a "
                     "lower --lr"
                 )
-            loss.backward()
             optimizer.step()
             total_loss += value
             total_terms += terms
@@ -475,61 +481,85 @@ def train(task: Task, args: argparse.Namespace) -> dict[str, Any]:
         args.lr = DEFAULT_LR[args.optimizer]
     if args.epochs < 0:
         raise ConfigError(f"--epochs must be at least 0, got {args.epochs}")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    ranks = distributed.setup(args.device)
+    out = prepare_out(args.out)
     config = _config(args)
     items = task.train_items()
     if args.max_train is not None:
         items = items[: args.max_train]
     seed_everything(args.seed)
-    model = task.build_model().to(args.device)
+    model = task.build_model().to(args.device)  # the same initial weights on every rank
+    if ranks.world > 1:
+        torch.manual_seed(args.seed + 7919 * ranks.rank)  # each rank draws its own dropout
     optimizer = _make_optimizer(args.optimizer, task.param_groups(model, args.lr), args.lr)
-    first_epoch, best, history = 1, {"epoch": 0, "value": -math.inf}, []
+    lower = bool(getattr(task, "lower_is_better", False))
+    first_epoch, best, history = 1, {"epoch": 0, "value": math.inf if lower else -math.inf}, []
     if args.resume:
         file = out / "last.pt"
         if not file.is_file():
             raise ConfigError(f"--resume: no checkpoint at {file}; train without --resume first")
-        state = load_checkpoint(file, args.device)
+        state = load_checkpoint(file, args.device, advice=_resume_advice(out))
         _check_resume_config(state["config"], config, file)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
-        _set_rng_state(state["rng"])
+        set_rng_state(state["rng"])
         first_epoch, best = state["epoch"] + 1, state["best"]
         history = _read_history(out / "metrics.jsonl", state["epoch"])
-    else:
+    elif ranks.main:
         (out / "best.pt").unlink(missing_ok=True)  # from an earlier run in the same folder
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    _write_history(out / "metrics.jsonl", history)
-    print(f"{task.name}: {len(items)} training {task.unit}, epochs {first_epoch}-{args.epochs}")
+    if ranks.main:
+        (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        _write_history(out / "metrics.jsonl", history)
+        processes = f", {ranks.world} processes" if ranks.world > 1 else ""
+        print(
+            f"{task.name}: {len(items)} training {task.unit}, epochs {first_epoch}-{args.epochs}"
+            + processes
+        )
     for epoch in range(first_epoch, args.epochs + 1):
         record: dict[str, Any] = {"epoch": epoch}
-        record.update(_train_epoch(task, model, optimizer, items, args, epoch))
+        record.update(_train_epoch(task, model, optimizer, items, args, epoch, ranks))
+        if not ranks.main:  # rank 0 evaluates and writes; the others wait for the next epoch
+            distributed.barrier(ranks)
+            continue
         record["dev"] = _evaluate(task, model, "dev")
         history.append(record)
         with open(out / "metrics.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
         value = record["dev"][task.best_metric]
-        improved = value > best["value"]
+        improved = value < best["value"] if lower else value > best["value"]
         if improved:
             best = {"epoch": epoch, "value": value}
         checkpoint = {
             "model": model.state_dict(),
             "optimizer": optimizer.state_dict(),
             "epoch": epoch,
-            "rng": _rng_state(),
+            "rng": rng_state(),
             "config": config,
             "best": best,
             "dev": record["dev"],
         }
-        _save(out / "last.pt", checkpoint)
-        if improved:
-            shutil.copyfile(out / "last.pt", out / "best.pt")
+        _save_checkpoints(out, checkpoint, improved)
         print(
             f"epoch {epoch}/{args.epochs}: train loss {record['train_loss']:.4f}, "
             f"{_format_metrics('dev', record['dev'])}, {record['items_per_s']:.1f} {task.unit}/s, "
             f"{record['seconds']:.1f} s" + (" (best)" if improved else "")
         )
+        distributed.barrier(ranks)
+    if not ranks.main:
+        return {}
     return _finish(task, model, items, args, history, out)
+
+
+def _save_checkpoints(out: Path, checkpoint: dict[str, Any], improved: bool) -> None:
+    """Write ``best.pt`` (when the epoch improved) and then ``last.pt``, each atomically.
+
+    ``best.pt`` goes first: a crash between the two leaves ``last.pt`` at the previous epoch,
+    and the resumed run redoes this epoch exactly and writes both again.
+    """
+    data = encode_checkpoint(checkpoint)
+    if improved:
+        write_checkpoint(out / "best.pt", data)
+    write_checkpoint(out / "last.pt", data)
 
 
 def _finish(
@@ -556,7 +586,27 @@ def _finish(
     summary["throughput"] = throughput
     (out / "test.json").write_text(json.dumps(summary, indent=2) + "\n")
     _print_summary(summary, task.unit)
+    _write_profile_and_report(task, model, items, args, out)
     return summary
+
+
+def _write_profile_and_report(
+    task: Task, model: nn.Module, items: Sequence[Any], args: argparse.Namespace, out: Path
+) -> None:
+    """Profile the first training batch into ``profile.json``, then write ``report.html``.
+
+    The run's results are already saved: a failure here is reported on stderr, not raised.
+    """
+    try:
+        if items:
+            first = shuffled_batches(len(items), args.batch_size, args.seed, 1)[0]
+            sample = profile_batch(task, model, [items[i] for i in first[:MAX_ITEMS]])
+            (out / "profile.json").write_text(json.dumps(sample, indent=1) + "\n")
+        print(f"report: {write_report(out)}")
+    except Exception as err:  # noqa: BLE001 -- the run itself has succeeded
+        if os.environ.get("BATCHFOLD_DEBUG"):
+            raise
+        print(f"batchfold: could not write the report: {err!r}", file=sys.stderr)
 
 
 def _print_summary(summary: dict[str, Any], unit: str) -> None:

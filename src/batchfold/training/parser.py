@@ -25,7 +25,8 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
-from batchfold.data.conllu import Sentence, attachment_scores
+from batchfold.data.conllu import Sentence
+from batchfold.models.attachment import attachment_scores
 from batchfold.models.parser import ArcHybridParser, exploring_loss, parse, sentence_loss
 from batchfold.schedule import Scheduler
 from batchfold.training.ud import (

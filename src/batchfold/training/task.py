@@ -1,4 +1,4 @@
-"""What the training loop needs from a job (SST sentiment, POS tagging, parsing)."""
+"""What the training loop needs from a job (SST sentiment, tagging, parsing, molecules)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ class Task(Protocol):
     """Short name used on the command line and in file names (``"sst"``)."""
     best_metric: str
     """Key of :meth:`evaluate`'s result on ``"dev"`` that picks the best checkpoint (higher
-    is better)."""
+    is better, unless the task has a true ``lower_is_better`` attribute, as an error does)."""
     unit: str
     """What one training item is called in throughput figures (``"trees"``)."""
 

@@ -23,7 +23,8 @@ import torch
 from torch import Tensor, nn
 
 import batchfold as bf
-from batchfold.data.conllu import Sentence, Split, UDVocabs, build_vocabs, load_ud
+from batchfold.data.conllu import Sentence
+from batchfold.data.ud import Split, UDVocabs, build_vocabs, load_ud
 from batchfold.schedule import Scheduler
 
 __all__ = [

@@ -17,6 +17,8 @@ import torch
 from greenlet import GreenletExit, getcurrent, greenlet
 
 _PAUSED = object()  # what an instance's greenlet hands the driver when it waits for a value
+_EXIT_TRIES = 3
+_ABANDONED: list[Any] = []  # instances that would not exit: never resumed, never collected
 
 
 class Driver:
@@ -57,12 +59,40 @@ class Driver:
                 self.syncs += 1
                 for index, task in list(paused.items()):
                     self._step(index, task, (), results, paused)
+        except BaseException as error:
+            self._end(paused, error)
+            raise
         finally:
-            for task in paused.values():  # after an error: end the paused instances cleanly
-                if not task.dead:
-                    task.throw(GreenletExit)
             self.main = None
         return results
+
+    def _end(self, paused: dict[int, Any], error: BaseException) -> None:
+        """After an error, end the paused instances, each with a bounded number of tries.
+
+        An instance that catches ``GreenletExit`` and waits for a value again is told to exit
+        a few times, then left paused for good (kept alive, so that it never runs again when
+        collected); the error says which.
+        """
+        stuck = []
+        for index, task in paused.items():
+            for _ in range(_EXIT_TRIES):
+                if task.dead:
+                    break
+                try:
+                    task.throw(GreenletExit)
+                except BaseException:  # what the instance raised while ending; error wins
+                    break
+            if not task.dead:
+                stuck.append(index)
+                _ABANDONED.append(task)
+        if stuck:
+            notes = [*getattr(error, "__notes__", [])]
+            notes.append(
+                f"(instances {stuck} of batch_map kept waiting for values after being told to "
+                f"exit {_EXIT_TRIES} times, e.g. in a try/except BaseException loop; they were "
+                "left paused)"
+            )
+            setattr(error, "__notes__", notes)  # noqa: B010
 
     def _step(
         self,

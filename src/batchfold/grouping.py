@@ -1,0 +1,156 @@
+"""Which pending nodes run together: TensorFlow Fold's depth rule and DyNet's agenda rule.
+
+Both return the groups as one array of local node ids (``node - node_base``), group after
+group, each group in increasing node order, and the ``bounds`` of the groups in it: group
+``i`` is ``order[bounds[i]:bounds[i + 1]]``. Both take O(n log n) time for n nodes.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+from .graph import OUT_BITS
+
+SMALL_BATCH = 32  # batches up to this size update the agenda in Python, larger ones in NumPy
+
+
+def by_depth(sig_of: np.ndarray, depth: np.ndarray) -> tuple[np.ndarray, list[int]]:
+    """Fold's rule: one group per (depth, signature), shallow first."""
+    if len(sig_of) == 0:
+        return np.zeros(0, dtype=np.int64), [0]
+    key = depth * (sig_of.max() + 1) + sig_of
+    # a stable sort on 16-bit keys is a radix sort: linear in the number of nodes
+    small = key.max() < np.iinfo(np.int16).max
+    order = np.argsort(key.astype(np.int16) if small else key, kind="stable")
+    cuts = np.flatnonzero(np.diff(key[order])) + 1
+    return order, [0, *cuts.tolist(), len(order)]
+
+
+def by_agenda(
+    sig_of: np.ndarray,
+    depth: np.ndarray,
+    expensive: np.ndarray,
+    consumers: np.ndarray,
+    producers: np.ndarray,
+) -> tuple[np.ndarray, list[int]]:
+    """DyNet's rule: run the ready signature with the lowest mean depth; cheap ops win ties.
+
+    Arguments:
+        sig_of: each pending node's signature id.
+        depth: each pending node's depth.
+        expensive: 1 for every signature whose op is not cheap, else 0.
+        consumers, producers: the pending edges, one ``(consumer, producer)`` pair per
+            input read from a pending node (see :func:`pending_edges`).
+
+    A signature's mean depth is taken over all its pending nodes, once, so its rank
+    (mean depth, expensive, id) is fixed: a heap holds the ranks of the signatures that have
+    ready nodes, and each signature keeps a list of its ready nodes. A step costs
+    O(batch log batch + successors + log signatures).
+    """
+    n, n_sigs = len(sig_of), len(expensive)
+    succ = consumers[np.argsort(producers, kind="stable")]  # successors, grouped by producer
+    succ_ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(producers, minlength=n), out=succ_ptr[1:])
+    waiting = np.bincount(consumers, minlength=n)  # unfinished inputs per node
+    count = np.bincount(sig_of, minlength=n_sigs)
+    mean_depth = np.bincount(sig_of, weights=depth, minlength=n_sigs) / np.maximum(count, 1)
+    by_rank = np.lexsort((np.arange(n_sigs), expensive, mean_depth))
+    rank = np.empty(n_sigs, dtype=np.int64)
+    rank[by_rank] = np.arange(n_sigs)
+
+    sig_at, rank_of = by_rank.tolist(), rank.tolist()
+    # a signature's ready nodes: node ids, and sorted arrays of them from the NumPy path
+    ready: list[list[int | np.ndarray]] = [[] for _ in range(n_sigs)]
+    ready_count = [0] * n_sigs
+    heap: list[int] = []
+
+    def add_ready(fresh: np.ndarray) -> None:
+        """Add ``fresh`` (sorted node ids) to their signatures' ready nodes."""
+        sigs = sig_of[fresh]
+        order = np.argsort(sigs, kind="stable")
+        cuts = np.flatnonzero(np.diff(sigs[order])) + 1
+        for part in np.split(fresh[order], cuts) if len(fresh) else []:
+            sig = int(sig_of[part[0]])
+            if not ready_count[sig]:
+                heapq.heappush(heap, rank_of[sig])
+            ready[sig].append(part)
+            ready_count[sig] += len(part)
+
+    add_ready(np.flatnonzero(waiting == 0))
+    chunks: list[np.ndarray] = []  # the groups, one after the other
+    small: list[int] = []  # the groups since the last chunk
+    bounds = [0]
+    while heap:
+        sig = sig_at[heapq.heappop(heap)]
+        batch, ready[sig] = ready[sig], []
+        size, ready_count[sig] = ready_count[sig], 0
+        bounds.append(bounds[-1] + size)
+        if size <= SMALL_BATCH:
+            nodes: list[int] = []
+            for item in batch:
+                if isinstance(item, int):
+                    nodes.append(item)
+                else:
+                    nodes.extend(item.tolist())
+            nodes.sort()
+            small.extend(nodes)
+            for node in nodes:
+                for s in succ[succ_ptr.item(node) : succ_ptr.item(node + 1)].tolist():
+                    left = waiting.item(s) - 1
+                    waiting[s] = left
+                    if left == 0:
+                        t = sig_of.item(s)
+                        if not ready_count[t]:
+                            heapq.heappush(heap, rank_of[t])
+                        ready[t].append(s)
+                        ready_count[t] += 1
+            continue
+        arrays = [item for item in batch if not isinstance(item, int)]
+        ints = [item for item in batch if isinstance(item, int)]
+        if len(arrays) == 1 and not ints:
+            group = arrays[0]  # sorted already
+        else:
+            group = np.sort(np.concatenate([*arrays, np.array(ints, dtype=np.int64)]))
+        if small:
+            chunks.append(np.array(small, dtype=np.int64))
+            small = []
+        chunks.append(group)
+        starts, stops = succ_ptr[group], succ_ptr[group + 1]
+        lengths = stops - starts
+        total = int(lengths.sum())
+        if total == 0:
+            continue
+        hit = succ[np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(total)]
+        np.subtract.at(waiting, hit, 1)
+        add_ready(np.unique(hit[waiting[hit] == 0]))
+    chunks.append(np.array(small, dtype=np.int64))
+    order = np.concatenate(chunks)
+    assert len(order) == n, "the agenda left nodes unscheduled: the graph has a cycle"
+    return order, bounds
+
+
+def pending_edges(
+    members: dict[int, np.ndarray],
+    inputs: dict[int, np.ndarray],
+    base: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(consumer, producer) local node pairs for the inputs produced in this segment.
+
+    ``members[sig]`` are the signature's pending nodes and ``inputs[sig]`` their input
+    value ids, one row per node.
+    """
+    consumer_parts, producer_parts = [], []
+    for sig_id, table in inputs.items():
+        if table.shape[1] == 0:
+            continue
+        local = members[sig_id]
+        producer = (table >> OUT_BITS) - base  # [k, width]
+        keep = producer >= 0
+        consumer_parts.append(np.broadcast_to(local[:, None], producer.shape)[keep])
+        producer_parts.append(producer[keep])
+    if not consumer_parts:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty
+    return np.concatenate(consumer_parts), np.concatenate(producer_parts)

@@ -1,0 +1,159 @@
+"""The lazy front end's public calls: ``batch_map``, ``function`` and ``last_stats``.
+
+``batch_map`` makes a :class:`~batchfold.lazy.recorder.Recorder`, runs every instance under
+it (each in its own greenlet, so reads become sync points), flushes what is left and
+replaces lazy results by real tensors. The recorder active in a thread is found with
+:func:`active_recorder`, the one door through which other front ends join a running batch.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, Literal, overload
+
+import torch
+
+from ..profile import Profile
+from ..schedule import Scheduler
+from ..stats import Stats
+from . import macros
+from .context import active_recorder, active_stack
+from .recorder import Recorder
+
+Tensor = torch.Tensor
+_LAST_STATS: list[Stats] = []
+
+
+@overload
+def batch_map(
+    fn: Callable[[Any], Any],
+    instances: Iterable[Any],
+    *,
+    scheduler: Scheduler = ...,
+    return_stats: Literal[False] = ...,
+    cache_modules: bool = ...,
+    profile: bool = ...,
+) -> list[Any]: ...
+
+
+@overload
+def batch_map(
+    fn: Callable[[Any], Any],
+    instances: Iterable[Any],
+    *,
+    scheduler: Scheduler = ...,
+    return_stats: Literal[True],
+    cache_modules: bool = ...,
+    profile: bool = ...,
+) -> tuple[list[Any], Stats]: ...
+
+
+def batch_map(
+    fn: Callable[[Any], Any],
+    instances: Iterable[Any],
+    *,
+    scheduler: Scheduler = "agenda",
+    return_stats: bool = False,
+    cache_modules: bool = True,
+    profile: bool = False,
+) -> list[Any] | tuple[list[Any], Stats]:
+    """Run single-instance PyTorch code on many instances as a few batched operations.
+
+    ``fn`` is ordinary code written for one instance. Inside it, tensors the instance makes
+    (``torch.tensor(...)``) and everything computed from them are recorded rather than run;
+    parameters and other tensors from outside are shared. The recorded graph of all instances
+    is then scheduled (``"agenda"``: DyNet's heuristic; ``"depth"``: TensorFlow Fold's) and run
+    with one batched call per step.
+
+    Called inside another ``batch_map``'s function, it records into the running batch: it
+    returns ``[fn(x) for x in instances]`` with lazy values, batched with everything else.
+
+    Arguments:
+        fn: the per-instance function; it may return tensors or nested lists, tuples and dicts
+            of them.
+        instances: the inputs, one per call of ``fn``.
+        scheduler: ``"agenda"`` or ``"depth"``; both give the same values.
+        return_stats: also return the run's :class:`~batchfold.stats.Stats`.
+        cache_modules: record each ``nn.Module`` call as one node once two calls with the
+            same key recorded the same ops (see :mod:`batchfold.lazy.macros`); ``False``
+            records every call op by op.
+        profile: time every step, forward and backward, per signature: ``stats.profile``
+            (a :class:`~batchfold.profile.Profile`; its backward times fill in once
+            ``backward()`` has run).
+
+    Returns:
+        ``[fn(x) for x in instances]`` with real tensors (and the stats, when asked for).
+
+    Raises:
+        ShapeError: an op in ``fn`` got per-instance inputs of shapes it cannot take; the
+            message names the file and line.
+        DeviceError, DtypeError: one op mixed devices or floating dtypes.
+        UnsupportedOpError: an op cannot be recorded (its output shape depends on values, or
+            it writes in place where a view would see the write); the message says how to
+            write it.
+
+    Example:
+        >>> import torch, batchfold as bf
+        >>> lin = torch.nn.Linear(2, 3)
+        >>> outs, stats = bf.batch_map(lambda x: torch.tanh(lin(torch.tensor(x))),
+        ...                            [[1.0, 2.0], [3.0, 4.0]], return_stats=True)
+        >>> torch.allclose(outs[1], torch.tanh(lin(torch.tensor([3.0, 4.0]))))
+        True
+        >>> stats.nodes, stats.steps
+        (6, 3)
+    """
+    if scheduler not in ("agenda", "depth"):
+        raise ValueError(f"scheduler must be 'agenda' or 'depth', got {scheduler!r}")
+    outer = active_recorder()
+    if outer is not None and outer.driver.in_instance:
+        if return_stats:
+            raise ValueError(
+                "return_stats=True in a batch_map nested in another one: the "
+                "inner calls join the outer batch; ask the outer call for stats"
+            )
+        return [fn(x) for x in instances]
+    rec = Recorder(scheduler, cache_modules)
+    if profile:
+        rec.store.profile = Profile()
+    start = time.perf_counter()
+    active = active_stack()
+    active.append(rec)
+    macros.install()
+    collecting = gc.isenabled()
+    gc.disable()  # recording makes many small acyclic objects; collections only cost time
+    try:
+        with rec:
+            results = rec.driver.run(fn, instances)
+            rec.stats.instances = len(results)
+            rec.flush()
+            outputs = rec.materialize(results)
+    finally:
+        if collecting:
+            gc.enable()
+        macros.uninstall()
+        active.remove(rec)
+        rec.closed = True
+    stats = rec.stats
+    stats.fallbacks = dict(rec.store.fallbacks.counts)
+    stats.syncs = rec.driver.syncs
+    if rec.modules is not None:
+        stats.module_calls_cached = rec.modules.hits
+        stats.module_calls_traced = rec.modules.traced
+        stats.module_misses = dict(rec.modules.misses)
+    stats.record_s = time.perf_counter() - start - stats.schedule_s - stats.execute_s
+    if rec.store.profile is not None:
+        stats.profile = rec.store.profile
+        stats.profile.phases = {
+            "record": stats.record_s,
+            "schedule": stats.schedule_s,
+            "execute": stats.execute_s,
+        }
+    _LAST_STATS[:] = [stats]
+    return (outputs, stats) if return_stats else outputs
+
+
+def last_stats() -> Stats | None:
+    """The statistics of the most recent ``batch_map`` call in this process."""
+    return _LAST_STATS[0] if _LAST_STATS else None

@@ -1,0 +1,84 @@
+"""``bf.function``: a cell or layer recorded as one node per call inside ``batch_map``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_map
+
+from ..graph import Signature
+from ..ops import OpRule, fill
+from .context import active_recorder
+from .tensor import has_lazy
+
+Tensor = torch.Tensor
+
+
+class BatchedFunction:
+    """A function recorded as one node per call inside ``batch_map`` (see :func:`function`)."""
+
+    def __init__(self, fn: Callable[..., Any], batched: bool) -> None:
+        self.fn = fn
+        self.batched = batched
+        self.__name__ = getattr(fn, "__name__", type(fn).__name__)
+        self.rule = OpRule(self.__name__, self._batched_call if batched else self._vmapped_call)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        rec = active_recorder()
+        if rec is not None and has_lazy(args, kwargs):
+            return rec.call(self, args, kwargs)
+        return self.eager(*args, **kwargs)
+
+    def eager(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the function on one instance's real tensors."""
+        if not self.batched:
+            return self.fn(*args, **kwargs)
+        out = self.fn(*tree_map(_unsqueeze, args), **tree_map(_unsqueeze, kwargs))
+        return tree_map(lambda t: t.squeeze(0) if isinstance(t, Tensor) else t, out)
+
+    def _batched_call(self, sig: Signature, inputs: list[Tensor], n: int) -> Any:
+        args, kwargs = sig.template
+        return self.fn(*fill(args, inputs), **fill(kwargs, inputs))
+
+    def _vmapped_call(self, sig: Signature, inputs: list[Tensor], n: int) -> Any:
+        args, kwargs = sig.template
+        return torch.func.vmap(
+            lambda *xs: self.fn(*fill(args, xs), **fill(kwargs, xs)), randomness="different"
+        )(*inputs)
+
+    def __repr__(self) -> str:
+        return f"function({self.__name__}, batched={self.batched})"
+
+
+def _unsqueeze(x: Any) -> Any:
+    return x.unsqueeze(0) if isinstance(x, Tensor) else x
+
+
+def function(fn: Callable[..., Any] | None = None, *, batched: bool = False) -> Any:
+    """Record each call of ``fn`` inside ``batch_map`` as one node instead of one per op.
+
+    Use it on a cell or layer that is a pure function of its tensor arguments: recording gets
+    cheaper and the batched step runs ``fn`` once. With ``batched=False``, ``fn`` is written
+    for one instance and is batched with ``torch.func.vmap``; with ``batched=True``, ``fn``
+    already takes a leading batch dimension (like an ``nn.Linear``) and is called on the batch.
+    Outside ``batch_map`` the wrapper calls ``fn`` as usual.
+
+    Arguments:
+        fn: the function or ``nn.Module`` to wrap (or leave out to use as a decorator).
+        batched: whether ``fn`` accepts a leading batch dimension.
+
+    Returns:
+        The wrapped callable.
+
+    Example:
+        >>> import torch, batchfold as bf
+        >>> cell = bf.function(torch.nn.Linear(3, 2), batched=True)
+        >>> out = bf.batch_map(lambda v: cell(torch.tensor(v)), [[1.0, 2.0, 3.0]] * 4)
+        >>> len(out), tuple(out[0].shape)
+        (4, (2,))
+    """
+    if fn is None:
+        return lambda f: BatchedFunction(f, batched)
+    return BatchedFunction(fn, batched)

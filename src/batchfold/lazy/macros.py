@@ -1,0 +1,305 @@
+"""Cached traces of module calls: one graph node per ``nn.Module`` call (a macro node).
+
+Inside ``batch_map``, a call of an ``nn.Module`` on lazy inputs is recorded op by op the
+first two times it is made with a given key (the module, its input shapes and dtypes, its
+other arguments, the grad mode and train/eval). If both calls recorded the same ops and
+the call read no value, wrote nothing outside itself and drew no random numbers outside
+its per-instance ops, the ops become a :class:`Template`: every later call with that key
+is one graph node, and its batched step replays the template's ops on the whole batch,
+nothing gathered inside. Calls that cannot be cached are recorded op by op, correctly, and
+the statistics say which and why. ``batch_map(..., cache_modules=False)`` or
+:func:`no_cache` on a module switches it off.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from ..execute import Fallbacks, run_op, sources_batch
+from ..graph import OUT_BITS, Signature
+from ..ops import OpRule
+from .context import active_recorder
+from .inference import template
+from .semantics import VIEW_NAMES, grad_mode
+from .sites import user_site
+from .tensor import Lazy, has_lazy
+
+if TYPE_CHECKING:
+    from .recorder import Recorder
+
+Tensor = torch.Tensor
+_ORIGINAL_CALL = nn.Module.__call__
+_INSTALLED = [0]
+_LOCK = threading.Lock()
+_OFF = "_batchfold_no_cache"
+
+
+def no_cache(module: nn.Module) -> nn.Module:
+    """Record every call of ``module`` inside ``batch_map`` op by op (no cached trace).
+
+    Returns the module, so it can wrap a constructor: ``head = bf.no_cache(nn.Linear(4, 2))``.
+    """
+    setattr(module, _OFF, True)
+    return module
+
+
+class Trace:
+    """The nodes one module call adds while it is traced, and why it cannot be cached."""
+
+    __slots__ = ("inputs", "start", "ops", "reason")
+
+    def __init__(self, inputs: list[int], start: int) -> None:
+        self.inputs, self.start = inputs, start  # start: the first value id of the call
+        self.ops: list[tuple[Signature, tuple[int, ...], int, Any]] = []
+        self.reason: str | None = None
+
+    def refuse(self, reason: str) -> None:
+        """Mark the call as not cacheable (the first reason wins)."""
+        if self.reason is None:
+            self.reason = reason
+
+    def finish(self, result: Any, fallbacks: Fallbacks) -> Template | str:
+        """The template of the traced call, or the reason it cannot be cached."""
+        if self.reason is not None:
+            return self.reason
+        if type(result) is Lazy:
+            outs, structure = [result], None
+        elif type(result) in (tuple, list) and result and all(type(r) is Lazy for r in result):
+            outs, structure = list(result), type(result)
+        else:
+            return f"returns {type(result).__name__}, not lazy tensors"
+        where: dict[int, tuple[int, ...]] = {
+            v: (0, k) for k, v in reversed(list(enumerate(self.inputs)))
+        }
+        ops = []
+        for j, (sig, ins, first, payload) in enumerate(self.ops):
+            if any(v not in where for v in ins):
+                return "reads a lazy value that is not among its arguments"
+            ops.append((sig, tuple(where[v] for v in ins), payload))
+            for o in range(len(sig.out_metas)):
+                where[first + o] = (1, j, o)
+        refs = []
+        if not ops and all(where.get(out._vid, (1,))[0] == 0 for out in outs):
+            # nothing recorded, arguments handed back (nn.Identity): the same objects again
+            return Template([], [where[out._vid] for out in outs], structure, fallbacks)
+        for out in outs:
+            ref = where.get(out._vid)
+            if ref is None or ref[0] == 0:
+                return "returns one of its arguments or a value made outside it"
+            if ops[ref[1]][0].func.__name__ in VIEW_NAMES and ops[ref[1]][1][:1] == ((0, 0),):
+                return "returns a view of an argument"
+            refs.append(ref)
+        return Template(ops, refs, structure, fallbacks)
+
+
+class Template:
+    """A module call's ops, replayed on a whole batch as one step (see the module docstring)."""
+
+    def __init__(
+        self,
+        ops: list[tuple[Signature, tuple[Any, ...], Any]],
+        outputs: list[tuple[Any, ...]],
+        structure: type | None,
+        fallbacks: Fallbacks,
+    ) -> None:
+        self.ops, self.outputs, self.structure = ops, outputs, structure
+        self.fallbacks = fallbacks
+
+    def same_as(self, other: Template) -> bool:
+        """Whether two traces of one key recorded the same ops, reading the same values."""
+        if len(self.ops) != len(other.ops) or self.outputs != other.outputs:
+            return False
+        for (sig, refs, payload), (sig2, refs2, payload2) in zip(self.ops, other.ops, strict=True):
+            if sig is not sig2 or refs != refs2 or not _same_payload(payload, payload2):
+                return False
+        return True
+
+    def replay(self, sig: Signature, inputs: list[Tensor], n: int) -> Any:
+        """Run the template's ops on ``inputs`` (``[n, ...]`` each): the batched outputs."""
+        values: list[tuple[Tensor, ...]] = []
+        for op, refs, payload in self.ops:
+            if not op.in_metas:  # a constant the call made (torch.zeros(...) inside forward)
+                values.append((sources_batch(op, [payload] * n),))
+                continue
+            args = [inputs[r[1]] if r[0] == 0 else values[r[1]][r[2]] for r in refs]
+            values.append(run_op(op, args, n, self.fallbacks))
+        outs = [values[j][o] for _, j, o in self.outputs]
+        return outs[0] if self.structure is None else tuple(outs)
+
+
+def _same_payload(a: Any, b: Any) -> bool:
+    if isinstance(a, Tensor) or isinstance(b, Tensor):
+        return isinstance(a, Tensor) and isinstance(b, Tensor) and torch.equal(a, b)
+    return type(a) is type(b) and a == b
+
+
+class _Entry:
+    __slots__ = ("module", "template", "confirmed", "reason", "sig", "order", "outs")
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module  # kept alive: the key holds its id
+        self.template: Template | None = None
+        self.confirmed = False
+        self.reason: str | None = None
+        self.sig: Signature | None = None  # the macro's, or its one op's
+        self.order: list[int] | None = None  # one op: which call inputs it reads, in order
+        self.outs: list[int] = []  # which of the node's outputs the call returns
+
+
+class ModuleCache:
+    """The cached module traces of one ``batch_map`` (one recorder)."""
+
+    def __init__(self, rec: Recorder) -> None:
+        self.rec = rec
+        self.entries: dict[Any, _Entry] = {}
+        self.hits = 0
+        self.traced = 0
+        self.misses: Counter[str] = Counter()
+
+    def call(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """``module(*args, **kwargs)`` inside ``batch_map``: a macro node, or traced op by op."""
+        rec = self.rec
+        inputs: list[int] = []
+        with torch._C.DisableTorchFunction():  # the key reads tensor versions
+            key = (id(module), module.training, grad_mode(), rec.args_key(args, inputs))
+            if kwargs:
+                key = (*key, rec.kwargs_key(kwargs, inputs))
+        entry = self.entries.get(key)
+        if entry is None:
+            entry = self.entries[key] = _Entry(module)
+            if getattr(module, _OFF, False):
+                entry.reason = "switched off with no_cache"
+            elif _has_hooks(module):
+                entry.reason = "it or a submodule has hooks"
+        if entry.confirmed:
+            self.hits += 1
+            if entry.sig is None:  # hands back some of its arguments, records nothing
+                return _arguments(entry, args, kwargs)
+            return self._add(entry, inputs)
+        if entry.reason is not None:
+            self.misses[f"{type(module).__name__}: {entry.reason}"] += 1
+            return _ORIGINAL_CALL(module, *args, **kwargs)
+        return self._trace(entry, module, args, kwargs, inputs)
+
+    def _trace(
+        self,
+        entry: _Entry,
+        module: nn.Module,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        inputs: list[int],
+    ) -> Any:
+        rec = self.rec
+        graph = rec.graph
+        trace = rec.trace = Trace(inputs, (graph.node_base + graph.pending) << OUT_BITS)
+        try:
+            result = _ORIGINAL_CALL(module, *args, **kwargs)
+        finally:
+            if rec.trace is trace:  # a read inside the call has already stopped it
+                rec.trace = None
+        self.traced += 1
+        found = trace.finish(result, rec.store.fallbacks)
+        name = type(module).__name__
+        if isinstance(found, str):
+            entry.reason = found
+            self.misses[f"{name}: {found}"] += 1
+        elif entry.template is None:
+            entry.template = found
+        elif found.same_as(entry.template):
+            entry.confirmed = True
+            if not found.ops:
+                return result
+            (op, refs, _), *more = found.ops
+            if not more and op.in_metas and all(r[0] == 0 for r in refs):
+                # one op: later calls are nodes of that op, batched with the traced ones
+                entry.sig, entry.order = op, [r[1] for r in refs]
+                entry.outs = [o for _, _, o in found.outputs]
+            else:
+                entry.sig = self._signature(name, module, args, kwargs, found)
+                entry.outs = list(range(len(found.outputs)))
+        else:
+            entry.reason = "records different ops on calls with the same arguments"
+            self.misses[f"{name}: {entry.reason}"] += 1
+        return result
+
+    def _signature(
+        self,
+        name: str,
+        module: nn.Module,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        found: Template,
+    ) -> Signature:
+        lazies: list[Lazy] = []
+        targs, tkwargs = template(args, lazies), template(kwargs, lazies)
+        out_metas = tuple(found.ops[j][0].out_metas[o] for _, j, o in found.outputs)
+        sig = self.rec.graph.signature(
+            ("macro", id(found)),
+            func=module,
+            rule=OpRule(name, found.replay),
+            name=name,
+            template=(targs, tkwargs),
+            in_metas=tuple(lazy._meta for lazy in lazies),
+            out_metas=out_metas,
+            multi=found.structure,
+            site=user_site(),
+        )
+        sig.shared = tuple(pair for op, _, _ in found.ops for pair in op.shared)
+        return sig
+
+    def _add(self, entry: _Entry, inputs: list[int]) -> Any:
+        rec, sig, template = self.rec, entry.sig, entry.template
+        assert sig is not None and template is not None
+        if entry.order is not None:
+            inputs = [inputs[i] for i in entry.order]
+        first = rec.graph.add(sig, inputs, rec.instance)
+        metas = sig.out_metas
+        if template.structure is None:
+            return Lazy(rec, first + entry.outs[0], metas[entry.outs[0]])
+        return template.structure([Lazy(rec, first + o, metas[o]) for o in entry.outs])
+
+
+def _arguments(entry: _Entry, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    assert entry.template is not None
+    refs = entry.template.outputs
+    if all(k < len(args) for _, k in refs) and all(type(a) is Lazy for a in args):
+        lazies: list[Any] = list(args)  # the common case: Identity(x)
+    else:
+        lazies = []
+        template((args, kwargs), lazies)
+    outs = [lazies[k] for _, k in refs]
+    return outs[0] if entry.template.structure is None else entry.template.structure(outs)
+
+
+def _has_hooks(module: nn.Module) -> bool:
+    return any(
+        m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
+        for m in module.modules()
+    )
+
+
+def _module_call(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    rec = active_recorder()
+    if rec is None or rec.modules is None or rec.trace is not None or not has_lazy(args, kwargs):
+        return _ORIGINAL_CALL(module, *args, **kwargs)
+    return rec.modules.call(module, args, kwargs)
+
+
+def install() -> None:
+    """Route ``nn.Module`` calls through the cache (counted: nested ``batch_map`` calls)."""
+    with _LOCK:
+        _INSTALLED[0] += 1
+        nn.Module.__call__ = _module_call  # type: ignore[method-assign]
+
+
+def uninstall() -> None:
+    """Undo one :func:`install`; the last one restores ``nn.Module.__call__``."""
+    with _LOCK:
+        _INSTALLED[0] -= 1
+        if _INSTALLED[0] == 0:
+            nn.Module.__call__ = _ORIGINAL_CALL  # type: ignore[method-assign]

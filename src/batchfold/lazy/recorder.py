@@ -1,0 +1,417 @@
+"""The recorder: every PyTorch call inside ``batch_map`` becomes a graph node or runs at once.
+
+:class:`Recorder` is the ``TorchFunctionMode`` active while per-instance code runs. A call
+with a lazy argument adds a node (its signature found by key, or made once with its output
+shapes inferred on meta tensors); a call on shared tensors only runs at once (memoised so a
+result keeps one identity); a factory makes a per-instance constant. ``flush`` schedules and
+runs what is pending; ``read`` is a sync point.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_map
+
+from ..errors import (
+    LAZY_AFTER_RUN,
+    DtypeError,
+    LazyValueError,
+    ShapeError,
+    UnsupportedOpError,
+)
+from ..execute import Executor
+from ..graph import OUT_BITS, OUT_MASK, Graph, Signature, TensorMeta
+from ..ops import rule_for
+from ..schedule import Scheduler, schedule
+from ..stats import Stats
+from .function import BatchedFunction
+from .inference import check_inputs, infer_outputs, shared_tensors, template
+from .macros import ModuleCache, Trace
+from .semantics import VIEW_NAMES, in_place_form, is_random, refuse_value_shaped
+from .sites import func_name, user_site, version
+from .sources import FACTORIES, SourceMaker
+from .sync import Driver
+from .tensor import Lazy, has_lazy
+
+Tensor = torch.Tensor
+_grad_enabled = torch.is_grad_enabled
+_inference_mode = torch.is_inference_mode_enabled
+_LEADING = ("input", "tensors", "self")  # parameter names that come first when passed by name
+
+
+class Recorder(TorchFunctionMode):
+    """Records the PyTorch calls of one ``batch_map`` into a graph and runs it on demand."""
+
+    def __init__(self, scheduler: Scheduler = "agenda", cache_modules: bool = True) -> None:
+        super().__init__()
+        self.graph = Graph()
+        self.store = Executor()
+        self.scheduler: Scheduler = scheduler
+        self.instance = 0
+        self.closed = False
+        self.stats = Stats()
+        self.driver = Driver(self.flush, self._set_instance)
+        self.sources = SourceMaker(self)
+        self._memo: dict[Any, tuple[Any, ...]] = {}
+        self._meta_cache: dict[int, tuple[Tensor, Tensor]] = {}
+        self._views_of: dict[int, list[weakref.ref[Lazy]]] = {}  # value id -> its lazy views
+        self.trace: Trace | None = None  # the module call being traced, if any
+        self._view_sigs: set[int] = set()  # signatures whose outputs may view their first input
+        self.modules = ModuleCache(self) if cache_modules else None
+
+    def _set_instance(self, index: int) -> None:
+        self.instance = index
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
+        return self.call(func, args, kwargs or {})
+
+    # -- recording ---------------------------------------------------------------------------
+
+    def call(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Record ``func(*args, **kwargs)`` for the current instance; returns lazy output(s).
+
+        A call with no lazy argument runs at once (factories make per-instance constants).
+        """
+        if self.closed:
+            raise LazyValueError(LAZY_AFTER_RUN.format(what=f"{func_name(func)}()"))
+        if kwargs:
+            if not args and (first := next((k for k in _LEADING if k in kwargs), None)):
+                kwargs = dict(kwargs)
+                args = (kwargs.pop(first),)
+            if kwargs.get("inplace") is True or kwargs.get("out") is not None:
+                return self._in_place_keyword(func, args, kwargs)
+        inputs: list[int] = []
+        parts = self.args_key(args, inputs)
+        if not inputs and func in FACTORIES and not has_lazy((), kwargs):
+            return self.sources.make(func, args, kwargs)
+        mode = 2 if _inference_mode() else 1 if _grad_enabled() else 0  # grad_mode(), inline
+        if kwargs:
+            key = (func, parts, self.kwargs_key(kwargs, inputs), mode)
+        else:
+            key = (func, parts, mode)
+        if not inputs:
+            return self._eager(func, args, kwargs, key)
+        sig = self.graph.lookup(key)
+        if sig is None:  # in-place calls never get a signature: they record their out-of-place form
+            name = getattr(func, "__name__", "")
+            if name[-1:] == "_" and name[:1] != "_":
+                return self._in_place_function(func, name, args, kwargs)
+            sig = self._signature(key, func, args, kwargs, mode)
+            if name in VIEW_NAMES:
+                self._view_sigs.add(sig.id)
+        first = self.graph.add(sig, inputs, self.instance)
+        if self.trace is not None:
+            self.trace.ops.append((sig, tuple(inputs), first, None))
+        if sig.multi is None:
+            out = Lazy(self, first, sig.out_metas[0])
+            if sig.id in self._view_sigs:
+                self._mark_view(out, args[0])
+            return out
+        outs = [Lazy(self, first + i, meta) for i, meta in enumerate(sig.out_metas)]
+        if sig.id in self._view_sigs:
+            for out in outs:
+                self._mark_view(out, args[0])
+        return tuple(outs) if sig.multi is tuple else sig.multi(outs)
+
+    def args_key(self, args: tuple[Any, ...], inputs: list[int]) -> tuple[Any, ...]:
+        """The key of positional arguments (see :meth:`_key`), flat ones without recursion."""
+        parts = []
+        for a in args:
+            kind = type(a)
+            if kind is Lazy:
+                if a._rec is not self:
+                    raise LazyValueError(LAZY_AFTER_RUN.format(what="use"))
+                inputs.append(a._vid)
+                parts.append(a._meta)
+            elif kind is int or kind is float or kind is bool:
+                parts.append((kind, a))
+            else:
+                parts.append(self._key(a, inputs))
+        return tuple(parts)
+
+    def kwargs_key(self, kwargs: dict[str, Any], inputs: list[int]) -> tuple[Any, ...]:
+        """The key of keyword arguments (see :meth:`_key`), flat ones without recursion."""
+        parts = []
+        for name, value in kwargs.items():
+            kind = type(value)
+            if value is None or kind is str:
+                parts.append((name, value))
+            elif kind is int or kind is float or kind is bool:
+                parts.append((name, kind, value))
+            else:
+                parts.append((name, self._key(value, inputs)))
+        return tuple(parts)
+
+    def _key(self, obj: Any, inputs: list[int]) -> Any:
+        """A hashable key for an argument; appends the value ids of lazy inputs, in order."""
+        kind = type(obj)
+        if kind is Lazy:
+            if obj._rec is not self:
+                raise LazyValueError(LAZY_AFTER_RUN.format(what="use"))
+            inputs.append(obj._vid)
+            return obj._meta
+        if kind is tuple or kind is list:
+            return (kind, *[self._key(item, inputs) for item in obj])
+        if kind is dict:
+            return (dict, *self.kwargs_key(obj, inputs))
+        if isinstance(obj, Tensor):
+            return (id(obj), version(obj))  # shared, by identity; the signature keeps it alive
+        if kind is int or kind is float or kind is bool:
+            return (kind, obj)
+        if kind is slice:
+            return (slice, obj.start, obj.stop, obj.step)
+        try:
+            hash(obj)
+        except TypeError:
+            return ("object", id(obj))
+        return obj
+
+    def _eager(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], key: Any) -> Any:
+        """Run a call on shared tensors at once, memoised so that its result keeps one identity.
+
+        ``W.t()`` called by every instance must be the same tensor each time, or the nodes
+        that read it would get different signatures and never batch. Random calls and calls
+        that write are never memoised; the key holds each tensor's version, so a tensor changed
+        in place gets a fresh result.
+        """
+        name = getattr(func, "__name__", "")
+        in_place = name[-1:] == "_" and name[:1] != "_"
+        if in_place or name in ("__set__", "__setitem__") or is_random(func):
+            if self.trace is not None:
+                self.trace.refuse("makes a random or in-place call on shared tensors")
+            return func(*args, **kwargs)
+        try:
+            hit = self._memo.get(key)
+        except TypeError:  # an unhashable constant among the arguments
+            if self.trace is not None:
+                self.trace.refuse("calls a function on shared tensors with unhashable arguments")
+            return func(*args, **kwargs)
+        if hit is None:
+            result = func(*args, **kwargs)
+            if not isinstance(result, Tensor):
+                return result
+            hit = self._memo[key] = (result, args, kwargs)  # the inputs stay alive: ids stay
+        return hit[0]
+
+    def _signature(
+        self,
+        key: tuple[Any, ...],
+        func: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        mode: int,
+    ) -> Signature:
+        """Make the signature of a new kind of node: template, rule, output shapes, checks."""
+        lazies: list[Lazy] = []
+        targs, tkwargs = template(args, lazies), template(kwargs, lazies)
+        in_metas = tuple(lazy._meta for lazy in lazies)
+        site = user_site()
+        name = func_name(func)
+        refuse_value_shaped(name, func, args, Lazy, site)
+        device = check_inputs(name, site, in_metas, (targs, tkwargs))
+        if isinstance(func, BatchedFunction):
+            rule, eager = func.rule, func.eager
+        else:
+            rule, eager = rule_for(func, targs, tkwargs, in_metas), None
+        out = infer_outputs(func, eager, name, site, targs, tkwargs, in_metas, self._meta_cache)
+        multi = None if isinstance(out, Tensor) else type(out)
+        outs = (out,) if isinstance(out, Tensor) else tuple(out)
+        if len(outs) > OUT_MASK + 1:
+            raise UnsupportedOpError(
+                f"{name} at {site} returns {len(outs)} tensors; batchfold records at most "
+                f"{OUT_MASK + 1} outputs of one op. Index or slice the tensor instead of "
+                "unbinding all of it."
+            )
+        out_metas = tuple(TensorMeta.of(tuple(o.shape), o.dtype, device) for o in outs)
+        sig = self.graph.signature(
+            key,
+            func=func,
+            rule=rule,
+            name=name,
+            template=(targs, tkwargs),
+            in_metas=in_metas,
+            out_metas=out_metas,
+            multi=multi,
+            site=site,
+        )
+        sig.grad = 0 if mode == 2 else mode  # inference mode computes as no_grad does
+        sig.shared = tuple((t, version(t)) for t in shared_tensors((targs, tkwargs)))
+        return sig
+
+    # -- in-place writes -----------------------------------------------------------------------
+
+    def _mark_view(self, out: Lazy, base: Any) -> None:
+        """Note that ``out`` may share memory with ``base`` and with what ``base`` views."""
+        if type(base) is not Lazy:
+            return
+        out._view = (weakref.ref(base), *(base._view or ()))
+        ref = weakref.ref(out)
+        self._views_of.setdefault(base._vid, []).append(ref)
+        for ancestor in base._view or ():
+            if (alive := ancestor()) is not None:
+                self._views_of.setdefault(alive._vid, []).append(ref)
+
+    def write(
+        self, target: Lazy, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], what: str
+    ) -> Lazy:
+        """Record an in-place write into ``target`` as ``func``'s out-of-place result.
+
+        ``target`` (the same Python object) is rebound to the result, cast to its dtype as
+        eager in-place ops cast. A write that eager PyTorch would make visible through a view
+        (into a view of a live value, or into a value that has live views) is refused.
+        """
+        if target._rec is not self:
+            raise LazyValueError(LAZY_AFTER_RUN.format(what=what))
+        if self.trace is not None and target._vid < self.trace.start:
+            self.trace.refuse("writes in place into a tensor from outside the call")
+        self._check_aliases(target, what)
+        result = self.call(func, args, kwargs)
+        if type(result) is not Lazy:
+            raise UnsupportedOpError(f"{what} at {user_site()} does not give one tensor")
+        if result.shape != target.shape:
+            raise ShapeError(
+                f"{what} at {user_site()}: the result's shape {tuple(result.shape)} does not "
+                f"match the shape {tuple(target.shape)} of the tensor written in place"
+            )
+        if result.dtype != target.dtype:
+            if not torch.can_cast(result.dtype, target.dtype):
+                raise DtypeError(
+                    f"{what} at {user_site()}: result type {result.dtype} can't be cast to the "
+                    f"desired output type {target.dtype} (as in eager PyTorch)"
+                )
+            result = self.call(torch.Tensor.to, (result, target.dtype), {})
+        target._vid, target._meta = result._vid, result._meta
+        return target
+
+    def _check_aliases(self, target: Lazy, what: str) -> None:
+        if target._view and any(ref() is not None for ref in target._view):
+            raise UnsupportedOpError(
+                f"{what} at {user_site()} writes into a view of another lazy tensor. "
+                "Inside batch_map a write does not reach the tensor it views. Build the "
+                "new value out of place, e.g. x = torch.cat([x[:i], v, x[i + 1:]]), or "
+                "assign into the whole tensor: x[0, 1] = v instead of x[0][1] = v."
+            )
+        views = self._views_of.get(target._vid)
+        if views and any(ref() is not None for ref in views):
+            raise UnsupportedOpError(
+                f"{what} at {user_site()} changes a lazy tensor in place while a view of it "
+                "(from indexing, view, reshape, chunk, ...) is still in use; inside batch_map "
+                "that view would keep the old values. Take the view after the write, or write "
+                "out of place: x = x + 1 instead of x += 1."
+            )
+
+    def unsupported_in_place(self, name: str) -> UnsupportedOpError:
+        """The error for an in-place method with no out-of-place form to record."""
+        return UnsupportedOpError(
+            f"in-place {name} at {user_site()} has no out-of-place form to record; compute a "
+            "new tensor instead"
+        )
+
+    def _in_place_function(
+        self, func: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        form = in_place_form(func, args, kwargs)
+        target = args[0] if args else None
+        if type(target) is not Lazy:
+            raise UnsupportedOpError(
+                f"{name} at {user_site()} writes per-instance values into a tensor from "
+                "outside batch_map; compute a new tensor instead, e.g. y = x + v"
+            )
+        if not form:
+            raise self.unsupported_in_place(name)
+        return self.write(target, form, args, kwargs, f"{name}()")
+
+    def _in_place_keyword(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A call with ``inplace=True`` or ``out=``: a write into the lazy tensor named."""
+        name = func_name(func)
+        if kwargs.get("inplace") is True:
+            rest = {**kwargs, "inplace": False}
+            if args and type(args[0]) is Lazy:
+                return self.write(args[0], func, args, rest, f"{name}(..., inplace=True)")
+            if has_lazy(args, kwargs):
+                raise UnsupportedOpError(
+                    f"{name}(..., inplace=True) at {user_site()} writes per-instance values "
+                    "into a tensor from outside batch_map; use inplace=False"
+                )
+            return func(*args, **kwargs)
+        out = kwargs["out"]
+        rest = {k: v for k, v in kwargs.items() if k != "out"}
+        if type(out) is Lazy:
+            return self.write(out, func, args, rest, f"{name}(..., out=...)")
+        if has_lazy(args, kwargs):
+            raise UnsupportedOpError(
+                f"{name}(..., out=...) at {user_site()}: out= must be a lazy tensor made "
+                "inside the function to take per-instance values; write y = "
+                f"torch.{name}(...) instead"
+            )
+        return func(*args, **kwargs)
+
+    # -- running -------------------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Schedule and run every pending node (at the end, or when a value is read)."""
+        if not self.graph.pending:
+            return
+        self._check_shared_versions()
+        with torch._C.DisableTorchFunction():
+            start = time.perf_counter()
+            plan = schedule(
+                self.graph, self.scheduler, len(self.store.outputs), self.store.locations
+            )
+            middle = time.perf_counter()
+            self.store.run(plan)
+            end = time.perf_counter()
+        self.stats.schedule_s += middle - start
+        self.stats.execute_s += end - middle
+        self.stats.nodes += plan.num_nodes
+        self.stats.steps += len(plan.steps)
+        self.stats.segments += 1
+        self.stats.plan = plan
+        self.graph.clear_pending()
+
+    def _check_shared_versions(self) -> None:
+        for sig, pending in zip(self.graph.signatures, self.graph.pending_of, strict=True):
+            if not pending.nodes:
+                continue
+            for tensor, seen in sig.shared:
+                if version(tensor) != seen:
+                    raise UnsupportedOpError(
+                        f"a tensor from outside batch_map ({tuple(tensor.shape)}) read by "
+                        f"{sig.name} at {sig.site} was changed in place before batch_map ran "
+                        "the recorded ops, so they would all see its final value. Change it "
+                        "outside the function given to batch_map, or out of place."
+                    )
+
+    def read(self, lazy: Lazy, what: str) -> Tensor:
+        """``lazy``'s value: a sync point, where the instance waits for a batched run."""
+        if self.closed:
+            raise LazyValueError(LAZY_AFTER_RUN.format(what=what))
+        if self.trace is not None:  # other instances run while this one waits: stop tracing
+            self.trace.refuse("reads a value (a sync point)")
+            self.trace = None
+        if lazy._vid >> OUT_BITS >= self.graph.node_base:
+            if self.driver.in_instance:
+                self.driver.pause()  # resumes once every instance waits or is done
+            else:
+                self.flush()
+        return self.store.value(lazy._vid)
+
+    def materialize(self, result: Any) -> Any:
+        """Replace every lazy value in a (nested) result by its tensor.
+
+        Values are gathered with one ``index_select`` per step output and then unbound, so
+        returning many values stays cheap in the backward pass too.
+        """
+        lazies: list[Lazy] = []
+        tree_map(lambda x: lazies.append(x) if type(x) is Lazy else None, result)
+        if not lazies:
+            return result
+        tensors = dict(
+            zip(map(id, lazies), self.store.values([x._vid for x in lazies]), strict=True)
+        )
+        return tree_map(lambda x: tensors[id(x)] if type(x) is Lazy else x, result)

@@ -1,0 +1,175 @@
+"""What a PyTorch call means for recording: views, randomness, in-place forms, grad modes.
+
+The recorder asks these questions of each call it sees. The answers keep recorded code
+equal to eager code: a write into a tensor with live views is refused (eager PyTorch would
+change the views too), a random call on shared tensors is never memoised (every call draws
+anew), an op whose output shape depends on values is refused with the way to write it, and
+every node runs under the grad mode it was recorded in.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import UnsupportedOpError
+
+# Calls whose result may share memory with their first argument in eager PyTorch
+# (a superset: an op listed here that copies only makes a later write refused, never wrong).
+VIEW_NAMES = frozenset(
+    [
+        "__getitem__",
+        "view",
+        "view_as",
+        "reshape",
+        "reshape_as",
+        "flatten",
+        "unflatten",
+        "ravel",
+        "squeeze",
+        "unsqueeze",
+        "transpose",
+        "t",
+        "permute",
+        "movedim",
+        "moveaxis",
+        "swapaxes",
+        "swapdims",
+        "narrow",
+        "select",
+        "expand",
+        "expand_as",
+        "broadcast_to",
+        "unbind",
+        "chunk",
+        "split",
+        "split_with_sizes",
+        "tensor_split",
+        "hsplit",
+        "vsplit",
+        "dsplit",
+        "diagonal",
+        "detach",
+        "contiguous",
+        "as_strided",
+        "unfold",
+        "real",
+        "imag",
+        "view_as_real",
+        "view_as_complex",
+        "to",
+        "type",
+        "type_as",
+        "float",
+        "double",
+        "half",
+        "bfloat16",
+        "long",
+        "int",
+        "short",
+        "bool",
+        "char",
+        "byte",
+        "alias",
+        "dropout",
+        "alpha_dropout",
+        "feature_alpha_dropout",
+    ]
+)
+
+_RANDOM_STEMS = frozenset(
+    [
+        "normal",
+        "log_normal",
+        "bernoulli",
+        "poisson",
+        "multinomial",
+        "uniform",
+        "exponential",
+        "cauchy",
+        "geometric",
+        "rrelu",
+        "gumbel_softmax",
+        "random",
+        "randperm",
+    ]
+)
+
+
+def base_name(func: Any) -> str:
+    """``func``'s ``__name__`` (``""`` when it has none)."""
+    return getattr(func, "__name__", "") or ""
+
+
+def is_random(func: Any) -> bool:
+    """Whether a call draws random numbers, so that two calls must not share a result."""
+    name = base_name(func)
+    stem = name.rstrip("_")
+    return "dropout" in name or stem in _RANDOM_STEMS or stem.startswith("rand")
+
+
+def is_view(func: Any) -> bool:
+    """Whether a call's result may be a view of its first argument."""
+    return base_name(func) in VIEW_NAMES
+
+
+def in_place_form(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The out-of-place function of an in-place call (``torch.relu_`` -> ``torch.relu``).
+
+    Returns ``None`` for a call that is not in place, ``False`` for an in-place call with no
+    out-of-place form.
+    """
+    name = base_name(func)
+    if not name.endswith("_") or name.startswith("_"):
+        return None
+    stem = name[:-1]
+    for space in (F, torch, torch.Tensor):
+        if getattr(space, name, None) is func:
+            return getattr(space, stem, None) or getattr(torch.Tensor, stem, None) or False
+    return getattr(torch.Tensor, stem, None) or False
+
+
+def grad_mode() -> int:
+    """The grad mode calls are recorded in: 0 no grad, 1 grad, 2 inference mode."""
+    if torch.is_inference_mode_enabled():
+        return 2
+    return 1 if torch.is_grad_enabled() else 0
+
+
+# ops whose output shape depends on the values of their inputs ------------------------------
+
+_VALUE_SHAPED = {
+    "nonzero": "torch.where(x != 0, x, 0) keeps the shape",
+    "argwhere": "torch.where(x != 0, x, 0) keeps the shape",
+    "unique": "sort the values (torch.sort) and compare neighbours, which keeps the shape",
+    "unique_consecutive": "compare neighbours (x[1:] != x[:-1]), which keeps the shape",
+    "masked_select": "torch.where(mask, x, 0) keeps the shape",
+    "bincount": "F.one_hot(x, num_classes).sum(0) has a fixed length",
+}
+
+
+def refuse_value_shaped(
+    name: str, func: Any, args: tuple[Any, ...], lazy_type: type, site: str
+) -> None:
+    """Raise a clear error for a call whose output shape would depend on per-instance values."""
+    fix = _VALUE_SHAPED.get(base_name(func))
+    if fix is None and base_name(func) == "repeat_interleave":
+        repeats = args[1] if len(args) > 1 else None
+        if type(repeats) is lazy_type:
+            fix = "repeat by a Python int, or read the counts first with .tolist()"
+    if fix is None and base_name(func) == "where" and len(args) == 1:
+        fix = "torch.where(cond, x, y) with three arguments keeps the shape"
+    if fix is None and base_name(func) == "__getitem__" and len(args) == 2:
+        index = args[1] if isinstance(args[1], tuple) else (args[1],)
+        if any(type(i) is lazy_type and i.dtype in (torch.bool, torch.uint8) for i in index):
+            fix = "torch.where(mask, x, 0) keeps the shape; or read the mask first: mask.tolist()"
+    if fix is not None:
+        raise UnsupportedOpError(
+            f"{name} at {site}: its output shape depends on per-instance values, which "
+            "batch_map computes later for all instances together, so it cannot be recorded.\n"
+            f"    right: {fix}\n"
+            "    or: read the values first (a sync point), e.g. with .tolist(), and index with "
+            "Python numbers."
+        )

@@ -1,0 +1,39 @@
+"""Where a call was made and what to call it: the user's file and line, an op's short name."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import torch
+
+Tensor = torch.Tensor
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+_LEADING = ("input", "tensors", "self")  # parameter names that come first when passed by name
+
+
+def user_site() -> str:
+    """``file:line`` of the innermost caller outside batchfold and PyTorch."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = os.path.abspath(frame.f_code.co_filename)
+        if not path.startswith((_PACKAGE_DIR, _TORCH_DIR)) or "/tests/" in path:
+            return f"{frame.f_code.co_filename}:{frame.f_lineno} (in {frame.f_code.co_name})"
+        frame = frame.f_back
+    return "<unknown>"
+
+
+def version(tensor: Tensor) -> int:
+    """How often ``tensor`` was changed in place (-1 for inference tensors, which never are)."""
+    try:
+        return tensor._version
+    except RuntimeError:
+        return -1
+
+
+def func_name(func: Any) -> str:
+    """A short readable name for a PyTorch function, method or batched function."""
+    name = getattr(func, "__name__", None) or type(func).__name__
+    return name.strip("_") if name.startswith("__") else name

@@ -1,0 +1,327 @@
+"""The :class:`Lazy` tensor: one instance's value inside ``batch_map``, recorded, not computed.
+
+Every ``torch.Tensor`` method and operator on a ``Lazy`` goes to its recorder, which adds a
+graph node and returns a new ``Lazy``. In-place forms (``x.add_(y)``, ``x += y``,
+``x[i] = v``) record the out-of-place op and rebind the same Python object to the result, so
+every name bound to ``x`` sees the write, as in eager PyTorch. Writes that eager PyTorch
+would make visible through a view are refused (see ``Recorder.write``).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..graph import TensorMeta
+
+if TYPE_CHECKING:
+    from .recorder import Recorder
+
+Tensor = torch.Tensor
+
+
+class Lazy:
+    """A per-instance tensor inside ``batch_map``: known shape and dtype, value not yet computed.
+
+    It supports the ``torch.Tensor`` API: functions, methods and operators are recorded,
+    and ``shape``, ``dtype``, ``device``, ``dim()`` and ``size()`` answer at once.
+    ``_view`` is ``None``, or weak references to the lazy values this one may view.
+    """
+
+    __slots__ = ("_rec", "_vid", "_meta", "_view", "__weakref__")
+
+    def __init__(self, rec: Recorder, vid: int, meta: TensorMeta) -> None:
+        self._rec, self._vid, self._meta = rec, vid, meta
+        self._view: tuple[weakref.ref[Lazy], ...] | None = None
+
+    @property
+    def shape(self) -> torch.Size:
+        """The shape of one instance's value."""
+        return self._meta.size
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the value."""
+        return self._meta.dtype
+
+    @property
+    def device(self) -> torch.device:
+        """The device the value will live on."""
+        return self._meta.device
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
+        lazy = first_lazy((args, kwargs))
+        return lazy._rec.call(func, args, kwargs or {})
+
+    def __repr__(self) -> str:
+        return f"Lazy({self._meta}, value {self._vid})"
+
+    __hash__ = object.__hash__
+
+    @property
+    def ndim(self) -> int:
+        """Number of dimensions of one instance's value."""
+        return len(self.shape)
+
+    def dim(self) -> int:
+        """Number of dimensions of one instance's value."""
+        return len(self.shape)
+
+    def size(self, dim: int | None = None) -> Any:
+        """The shape, or the length of dimension ``dim``."""
+        return self.shape if dim is None else self.shape[dim]
+
+    def numel(self) -> int:
+        """Number of elements of one instance's value."""
+        return self.shape.numel()
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d lazy tensor")
+        return self.shape[0]
+
+    def is_floating_point(self) -> bool:
+        """Whether the dtype is a floating-point type."""
+        return self.dtype.is_floating_point
+
+    @property
+    def is_cuda(self) -> bool:
+        """Whether the value will live on a CUDA device."""
+        return self.device.type == "cuda"
+
+    @property
+    def requires_grad(self) -> bool:
+        """Gradients flow through lazy values like through any tensor."""
+        return self.dtype.is_floating_point
+
+    @property
+    def T(self) -> Lazy:  # noqa: N802
+        """The transpose (all dims reversed)."""
+        return self._rec.call(torch.Tensor.permute, (self, *reversed(range(self.ndim))), {})
+
+    @property
+    def mT(self) -> Lazy:  # noqa: N802
+        """The transpose of the last two dims."""
+        return self._rec.call(torch.Tensor.transpose, (self, -2, -1), {})
+
+    def __iter__(self):  # noqa: ANN204
+        return iter(self._rec.call(torch.Tensor.unbind, (self, 0), {}))
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        self._rec.write(self, set_item, (self, index, value), {}, "item assignment")
+
+    def _read(self, what: str) -> Tensor:
+        return self._rec.read(self, what)
+
+    def item(self) -> Any:
+        """Compute the value (a sync point) and return it as a Python number."""
+        return self._read("item()").item()
+
+    def tolist(self) -> Any:
+        """Compute the value (a sync point) and return it as (nested) Python lists."""
+        return self._read("tolist()").tolist()
+
+    def __bool__(self) -> bool:
+        return bool(self._read("bool()"))
+
+    def __int__(self) -> int:
+        return int(self._read("int()"))
+
+    def __float__(self) -> float:
+        return float(self._read("float()"))
+
+    def __index__(self) -> int:
+        return self._read("an index").__index__()
+
+    def new_zeros(self, *size: Any, **kwargs: Any) -> Any:
+        """``torch.zeros(size)`` with this tensor's dtype and device (a per-instance constant)."""
+        return self._new(torch.zeros, size, kwargs)
+
+    def new_ones(self, *size: Any, **kwargs: Any) -> Any:
+        """``torch.ones(size)`` with this tensor's dtype and device (a per-instance constant)."""
+        return self._new(torch.ones, size, kwargs)
+
+    def new_empty(self, *size: Any, **kwargs: Any) -> Any:
+        """``torch.zeros(size)`` (values of a new empty tensor are never read eagerly either)."""
+        return self._new(torch.zeros, size, kwargs)
+
+    def new_full(self, size: Any, fill_value: Any, **kwargs: Any) -> Any:
+        """``torch.full(size, fill_value)`` with this tensor's dtype and device."""
+        kwargs = {"dtype": self.dtype, "device": self.device, **kwargs}
+        return torch.full(size, fill_value, **kwargs)
+
+    def new_tensor(self, data: Any, **kwargs: Any) -> Any:
+        """``torch.tensor(data)`` with this tensor's dtype and device."""
+        return torch.tensor(data, **{"dtype": self.dtype, "device": self.device, **kwargs})
+
+    def _new(self, factory: Any, size: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
+            size = tuple(size[0])
+        return factory(size, **{"dtype": self.dtype, "device": self.device, **kwargs})
+
+    def numpy(self) -> Any:
+        """Compute the value (a sync point) and return it as a NumPy array."""
+        return self._read("numpy()").detach().numpy()
+
+
+def set_item(x: Tensor, index: Any, value: Any) -> Tensor:
+    """``x[index] = value`` without changing ``x``: the functional form of item assignment."""
+    x = x.clone()
+    x[index] = value
+    return x
+
+
+_NOT_RECORDED = {
+    "__init__",
+    "__new__",
+    "__class__",
+    "__getattribute__",
+    "__setattr__",
+    "__delattr__",
+    "__repr__",
+    "__str__",
+    "__format__",
+    "__hash__",
+    "__reduce__",
+    "__reduce_ex__",
+    "__setstate__",
+    "__getstate__",
+    "__dir__",
+    "__sizeof__",
+    "__init_subclass__",
+    "__subclasshook__",
+    "__torch_function__",
+    "__torch_dispatch__",
+    "__deepcopy__",
+    "__array__",
+    "__array_wrap__",
+    "__array_priority__",
+    "__dlpack__",
+    "__dlpack_device__",
+    "__contains__",
+    "__iter__",
+    "__len__",
+    "__bool__",
+    "__int__",
+    "__float__",
+    "__index__",
+    "__complex__",
+    "__long__",
+    "__nonzero__",
+    "__setitem__",
+    "__delitem__",
+    "__reversed__",
+    "__cuda_array_interface__",
+    "__weakref__",
+    "__module__",
+    "__doc__",
+    "__slots__",
+    "backward",
+    "register_hook",
+    "retain_grad",
+    "data_ptr",
+    "storage",
+    "untyped_storage",
+}
+
+# x op= y is x.op_(y) in eager PyTorch: the same object changes
+_AUGMENTED = {
+    "__iadd__": "add",
+    "__isub__": "sub",
+    "__imul__": "mul",
+    "__itruediv__": "div",
+    "__ifloordiv__": "floor_divide",
+    "__imod__": "remainder",
+    "__ipow__": "pow",
+    "__iand__": "bitwise_and",
+    "__ior__": "bitwise_or",
+    "__ixor__": "bitwise_xor",
+    "__ilshift__": "bitwise_left_shift",
+    "__irshift__": "bitwise_right_shift",
+}
+
+
+def _in_place(name: str, out_of_place: Any) -> Callable[..., Any]:
+    def in_place(self: Lazy, *args: Any, **kwargs: Any) -> Lazy:
+        if out_of_place is None:
+            raise self._rec.unsupported_in_place(name)
+        return self._rec.write(self, out_of_place, (self, *args), kwargs, f"{name}()")
+
+    in_place.__name__ = name
+    return in_place
+
+
+def _copy_(self: Lazy, src: Any, non_blocking: bool = False) -> Lazy:
+    return self._rec.write(self, torch.Tensor.expand_as, (src, self), {}, "copy_()")
+
+
+def _fill_(self: Lazy, value: Any) -> Lazy:
+    return self._rec.write(self, torch.full_like, (self, value), {}, "fill_()")
+
+
+def _zero_(self: Lazy) -> Lazy:
+    return self._rec.write(self, torch.zeros_like, (self,), {}, "zero_()")
+
+
+_SPECIAL_IN_PLACE = {"copy_": _copy_, "fill_": _fill_, "zero_": _zero_}
+
+
+def _method(name: str) -> Callable[..., Any]:
+    func = getattr(torch.Tensor, name)
+
+    def method(self: Lazy, *args: Any, **kwargs: Any) -> Any:
+        return self._rec.call(func, (self, *args), kwargs)
+
+    method.__name__ = name
+    return method
+
+
+def _install_methods() -> None:
+    for name in dir(torch.Tensor):
+        if name in _NOT_RECORDED or name in Lazy.__dict__ or name in ("shape", "dtype", "device"):
+            continue
+        attr = getattr(torch.Tensor, name, None)
+        if name in _SPECIAL_IN_PLACE:
+            setattr(Lazy, name, _SPECIAL_IN_PLACE[name])
+        elif name in _AUGMENTED:
+            setattr(Lazy, name, _in_place(name, getattr(torch.Tensor, _AUGMENTED[name], None)))
+        elif not callable(attr) or isinstance(attr, type):
+            continue
+        elif name.endswith("_") and not name.startswith("_"):
+            setattr(Lazy, name, _in_place(name, getattr(torch.Tensor, name[:-1], None)))
+        else:
+            setattr(Lazy, name, _method(name))
+
+
+_install_methods()
+
+
+def first_lazy(tree: Any) -> Lazy:
+    """The first :class:`Lazy` in nested tuples, lists and dicts."""
+    stack = [tree]
+    while stack:
+        item = stack.pop()
+        if type(item) is Lazy:
+            return item
+        if isinstance(item, (list, tuple)):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+    raise AssertionError("no lazy value among the arguments")
+
+
+def has_lazy(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> bool:
+    """Whether a call's arguments hold a :class:`Lazy` (directly or in a flat list)."""
+    for a in args:
+        if type(a) is Lazy:
+            return True
+        if type(a) in (list, tuple) and any(type(b) is Lazy for b in a):
+            return True
+    return bool(kwargs) and any(
+        type(v) is Lazy or (type(v) in (list, tuple) and any(type(b) is Lazy for b in v))
+        for v in kwargs.values()  # type: ignore[union-attr]
+    )

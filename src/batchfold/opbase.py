@@ -1,0 +1,109 @@
+"""The batching-rule table's building blocks: :class:`OpRule`, ``RULES`` and the fallbacks.
+
+``execute`` looks a rule up for each step and calls ``rule.batched(sig, inputs, n)``, where
+``inputs`` are the step's per-instance inputs stacked along a new dimension 0. The rules
+themselves live in :mod:`batchfold.ops` (elementwise, dims, indexing) and
+:mod:`batchfold.ops_matrix` (matmul, layers, recurrent cells, losses); an op with no rule of
+its own runs through ``torch.func.vmap`` (:data:`VMAP`) or once per instance (:data:`LOOP`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .graph import Signature, Slot, TensorMeta
+
+Tensor = torch.Tensor
+Batched = Callable[[Signature, list[Tensor], int], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class OpRule:
+    """How to run one op over a batch; ``cheap`` ops (elementwise, views) win agenda ties."""
+
+    name: str
+    batched: Batched
+    cheap: bool = False
+    # whether the rule fits a call's template and per-instance input metas; else vmap
+    applies: Callable[[tuple[Any, ...], dict[str, Any], tuple[TensorMeta, ...]], bool] | None = None
+
+
+RULES: dict[Any, OpRule] = {}
+
+
+def fill(template: Any, values: Sequence[Any]) -> Any:
+    """Replace every :class:`Slot` in ``template`` (nested tuples, lists, dicts) by its value."""
+    kind = type(template)
+    if kind is Slot:
+        return values[template.index]
+    if kind is tuple or kind is list:
+        return kind(fill(item, values) for item in template)
+    if kind is dict:
+        return {name: fill(item, values) for name, item in template.items()}
+    return template
+
+
+def call_one(sig: Signature, values: Sequence[Any]) -> Any:
+    """Call the op of ``sig`` on one instance's inputs (the unbatched meaning)."""
+    args, kwargs = sig.template
+    return sig.func(*fill(args, values), **fill(kwargs, values))
+
+
+def has_slot(template: Any) -> bool:
+    """Whether a (nested) template holds a per-instance input."""
+    kind = type(template)
+    if kind is Slot:
+        return True
+    if kind is tuple or kind is list:
+        return any(has_slot(item) for item in template)
+    if kind is dict:
+        return any(has_slot(item) for item in template.values())
+    return False
+
+
+def register(funcs: Sequence[Any], rule: OpRule) -> None:
+    for func in funcs:
+        if func is not None:
+            RULES[func] = rule
+
+
+def named(*names: str) -> list[Any]:
+    """``torch.X``, ``torch.Tensor.X`` and ``F.X`` for each name, where they exist."""
+    found = []
+    for name in names:
+        for space in (torch, torch.Tensor, F):
+            func = getattr(space, name, None)
+            if callable(func) and not isinstance(func, torch.dtype) and func not in found:
+                found.append(func)
+    return found
+
+
+# vmap: the rule of every op without a row of its own -------------------------------------
+
+
+def batched_vmap(sig: Signature, inputs: list[Tensor], n: int) -> Any:
+    """Batch any op with ``torch.func.vmap`` over dimension 0 of every per-instance input."""
+    return torch.func.vmap(lambda *xs: call_one(sig, xs), randomness="different")(*inputs)
+
+
+def batched_loop(sig: Signature, inputs: list[Tensor], n: int) -> Any:
+    """Run the op once per instance and stack the results (the last resort)."""
+    results = [call_one(sig, [x[i] for x in inputs]) for i in range(n)]
+    if sig.multi:
+        return tuple(torch.stack(parts) for parts in zip(*results, strict=True))
+    return torch.stack(results)
+
+
+VMAP = OpRule("vmap", batched_vmap)
+LOOP = OpRule("loop", batched_loop)
+
+
+def lift(x: Tensor, rank: int) -> Tensor:
+    """View ``x`` [n, *shape] as [n, 1, ..., *shape] with ``rank`` dims after the batch dim."""
+    missing = rank + 1 - x.dim()
+    return x[(slice(None),) + (None,) * missing] if missing > 0 else x

@@ -1,0 +1,173 @@
+"""Batching rules for layers and matrix products: linear, embedding and layer norm, matmul in
+every per-instance/shared combination, recurrent cells, and cross-entropy over one sample.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .graph import Signature, Slot, TensorMeta
+from .opbase import RULES, OpRule, call_one, fill, has_slot, lift, named, register
+
+Tensor = torch.Tensor
+
+
+# layers whose weights are shared: the batch dim is one more leading dim -------------------
+
+
+def batched_direct(sig: Signature, inputs: list[Tensor], n: int) -> Any:
+    """The op already accepts any number of leading dims: call it on the batch as it is."""
+    return call_one(sig, inputs)
+
+
+def _only_first_slot(
+    args: tuple[Any, ...], kwargs: dict[str, Any], metas: tuple[TensorMeta, ...]
+) -> bool:
+    return not has_slot(args[1:]) and not has_slot(kwargs)
+
+
+register(
+    [F.linear, F.embedding, F.layer_norm, torch.layer_norm],
+    OpRule("leading-dims", batched_direct, applies=_only_first_slot),
+)
+
+
+def batched_matmul(sig: Signature, inputs: list[Tensor], n: int) -> Any:
+    """``a @ b`` with either or both operands per-instance (see the two cases below)."""
+    args = sig.template[0]
+    if type(args[0]) is Slot and type(args[1]) is Slot:
+        return _both_per_instance(inputs[args[0].index], inputs[args[1].index], sig)
+    return _one_shared(sig, inputs)
+
+
+def _both_per_instance(a: Tensor, b: Tensor, sig: Signature) -> Tensor:
+    """``a_i @ b_i`` for every instance: vectors become one-row or one-column matrices, and
+    the lower-rank operand is lifted so the batch dims line up."""
+    ra, rb = (
+        len(sig.in_metas[i].shape) for i in (sig.template[0][0].index, sig.template[0][1].index)
+    )
+    a = a.unsqueeze(-2) if ra == 1 else a
+    b = b.unsqueeze(-1) if rb == 1 else b
+    rank = max(a.dim(), b.dim()) - 1
+    out = torch.matmul(lift(a, rank), lift(b, rank))
+    if rb == 1:
+        out = out.squeeze(-1)
+    if ra == 1:
+        out = out.squeeze(-1 if rb == 1 else -2)
+    return out
+
+
+def _one_shared(sig: Signature, inputs: list[Tensor]) -> Any:
+    """``x @ W`` or ``W @ x`` with x per-instance and W shared, W of any rank.
+
+    A per-instance vector becomes a one-row (or one-column) matrix, as matmul treats it, and
+    x is lifted so that the batch dim sits in front of every dim W broadcasts over.
+    """
+    args = sig.template[0]
+    x = inputs[0]
+    vector = len(sig.in_metas[0].shape) == 1
+    if type(args[0]) is Slot:
+        weight = args[1]
+        if weight.dim() <= 2:  # the common case: the batch dim is just one more leading dim
+            return torch.matmul(x, weight)
+        x = x.unsqueeze(-2) if vector else x
+        out = torch.matmul(lift(x, max(x.dim() - 1, weight.dim())), weight)
+        return out.squeeze(-2) if vector else out
+    weight = args[0]
+    x = x.unsqueeze(-1) if vector else x
+    out = torch.matmul(weight, lift(x, max(x.dim() - 1, weight.dim())))
+    return out.squeeze(-1) if vector else out
+
+
+def _one_side_matrix(
+    args: tuple[Any, ...], kwargs: dict[str, Any], metas: tuple[TensorMeta, ...]
+) -> bool:
+    if kwargs or len(args) != 2:
+        return False
+    left, right = (type(a) is Slot for a in args)
+    if left and right:
+        return True
+    shared = args[1] if left else args[0]
+    return left != right and isinstance(shared, Tensor) and shared.dim() >= 1
+
+
+register(
+    named("matmul", "mm", "mv", "bmm") + [torch.Tensor.__matmul__],
+    OpRule("matmul", batched_matmul, applies=_one_side_matrix),
+)
+
+
+def batched_rnn_cell(sig: Signature, inputs: list[Tensor], n: int) -> Any:
+    """``lstm_cell``/``gru_cell``: fold the batch dim into the cell's own batch dim."""
+    x = inputs[0]
+    flat = [t.reshape(-1, t.shape[-1]) for t in inputs]
+    out = call_one(sig, flat)
+    if isinstance(out, tuple):
+        return tuple(o.reshape(*x.shape[:-1], o.shape[-1]) for o in out)
+    return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def _weights_shared(
+    args: tuple[Any, ...], kwargs: dict[str, Any], metas: tuple[TensorMeta, ...]
+) -> bool:
+    return not has_slot(args[2:]) and not has_slot(kwargs)
+
+
+register(
+    named("lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell"),
+    OpRule("rnn-cell", batched_rnn_cell, applies=_weights_shared),
+)
+
+
+# F.cross_entropy's parameters, in order
+_CROSS_ENTROPY_PARAMS = (
+    "input",
+    "target",
+    "weight",
+    "size_average",
+    "ignore_index",
+    "reduce",
+    "reduction",
+    "label_smoothing",
+)
+
+
+def batched_cross_entropy(sig: Signature, inputs: list[Tensor], n: int) -> Any:
+    """One sample per instance: ``reduction="none"`` over the batch gives each instance's loss.
+
+    An ignored target gives 0 under ``"sum"`` and 0/0 = nan under ``"mean"``, as eagerly.
+    """
+    args, kwargs = sig.template
+    full = dict(zip(_CROSS_ENTROPY_PARAMS, fill(args, inputs), strict=False))
+    full.update(fill(kwargs, inputs))
+    logits, target = full["input"], full["target"]
+    ignore = full.get("ignore_index", -100)
+    smoothing = full.get("label_smoothing", 0.0)
+    loss = F.cross_entropy(
+        logits, target, reduction="none", ignore_index=ignore, label_smoothing=smoothing
+    )
+    if target.is_floating_point():  # class probabilities: nothing is ignored
+        return loss
+    if full.get("reduction", "mean") == "mean":
+        loss = torch.where(target == ignore, torch.nan, loss)
+    return loss
+
+
+def _one_sample(
+    args: tuple[Any, ...], kwargs: dict[str, Any], metas: tuple[TensorMeta, ...]
+) -> bool:
+    named = dict(zip(_CROSS_ENTROPY_PARAMS, args, strict=False)) | kwargs
+    return (
+        type(named.get("input")) is Slot
+        and len(metas[0].shape) == 1
+        and named.get("weight") is None
+        and named.get("size_average") is None
+        and named.get("reduce") is None
+        and named.get("reduction", "mean") in ("mean", "sum")
+    )
+
+
+RULES[F.cross_entropy] = OpRule("cross-entropy", batched_cross_entropy, applies=_one_sample)

@@ -1,0 +1,429 @@
+"""batch_map equals eager execution, or refuses with a clear error, in the corners of PyTorch.
+
+One test per case that once gave a silently different number: grad modes inside the
+function, randomness and in-place changes on shared tensors, in-place writes and aliases,
+shared operands with three or more dims, 0-d dtype promotion, ops with many outputs; and
+one per case that once crashed or misled: keyword-only arguments, value-shaped ops,
+probability targets, nesting, threads, recursion, stuck instances (a failing rule:
+test_execute.py).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import batchfold as bf
+from reference import assert_matches_eager
+
+SCHEDULERS = ["agenda", "depth"]
+pytestmark = pytest.mark.usefixtures("float64")
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode", "enable_grad_inside_no_grad"])
+def test_nodes_run_under_the_grad_mode_they_were_recorded_in(scheduler: str, mode: str) -> None:
+    lin = nn.Linear(3, 3)
+
+    def fn(x: list[float]) -> torch.Tensor:
+        t = torch.tensor(x)
+        if mode == "no_grad":
+            with torch.no_grad():
+                target = lin(t)
+        elif mode == "inference_mode":
+            with torch.inference_mode():
+                target = lin(t).clone()
+            target = target.clone()
+        else:
+            with torch.no_grad(), torch.enable_grad():
+                target = lin(t)
+        return ((lin(t) - target) ** 2).sum() + (target * 2).sum()
+
+    xs = [[1.0, 2.0, 3.0], [0.5, -1.0, 2.0], [0.0, 1.0, 1.0]]
+    if mode == "inference_mode":  # eager cannot save inference tensors for backward either
+        got = bf.batch_map(fn, xs, scheduler=scheduler)  # type: ignore[arg-type]
+        for g, x in zip(got, xs, strict=True):
+            torch.testing.assert_close(g, fn(x))
+        return
+    assert_matches_eager(fn, xs, lin, scheduler)  # type: ignore[arg-type]
+
+
+def test_whole_batch_map_under_no_grad_gives_no_graph() -> None:
+    lin = nn.Linear(2, 2)
+    with torch.no_grad():
+        out = bf.batch_map(lambda x: lin(torch.tensor(x)), [[1.0, 2.0]] * 3)
+    assert not any(o.requires_grad for o in out)
+
+
+def test_random_calls_on_shared_tensors_draw_anew_each_time() -> None:
+    h0 = torch.ones(2000)
+
+    def fn(_: int) -> tuple[torch.Tensor, ...]:
+        one = torch.tensor(1.0)
+        return (
+            F.dropout(h0, 0.5, training=True) * one,
+            F.dropout(h0, 0.5, training=True) * one,
+            torch.bernoulli(h0 * 0.5) * one,
+            torch.rand_like(h0) * one,
+            torch.poisson(h0) * one,
+        )
+
+    (a1, a2, b, r, p), (c1, *_) = bf.batch_map(fn, [0, 1])
+    assert not torch.equal(a1, a2) and not torch.equal(a1, c1)
+    for x in (a1, b, r, p):
+        assert x.std() > 0.1  # really random, not a constant
+
+
+def test_a_shared_tensor_changed_in_place_between_instances_is_refused() -> None:
+    shared = torch.ones(3)
+
+    def fn(x: float) -> torch.Tensor:
+        out = torch.tensor(x) * shared
+        shared.add_(1.0)
+        return out
+
+    with pytest.raises(bf.UnsupportedOpError, match="changed in place before batch_map ran"):
+        bf.batch_map(fn, [1.0, 2.0])
+
+
+def test_memoised_calls_see_in_place_changes_of_shared_tensors() -> None:
+    shared = torch.ones(3)
+
+    def fn(x: float) -> torch.Tensor:
+        doubled = shared * 2  # no lazy input: runs at once, memoised by version
+        shared.add_(1.0)
+        return doubled * torch.tensor(x)
+
+    got = bf.batch_map(fn, [1.0, 2.0])
+    torch.testing.assert_close(got, [torch.full((3,), 2.0), torch.full((3,), 8.0)])  # as eagerly
+
+
+def _alias_cases() -> dict[str, Any]:
+    def iadd(x: list[float]) -> Any:
+        t = torch.tensor(x)
+        u = t
+        t += 1
+        t *= torch.tensor(2.0)
+        return u
+
+    def method(x: list[float]) -> Any:
+        t = torch.tensor(x)
+        u = t
+        t.mul_(3).add_(torch.tensor(x))
+        return u, t
+
+    def relu_inplace(x: list[float]) -> Any:
+        t = torch.tensor(x)
+        F.relu(t, inplace=True)
+        torch.sigmoid_(t)
+        return t
+
+    def out_kwarg(x: list[float]) -> Any:
+        a = torch.tensor(x)
+        o = torch.zeros(len(x))
+        torch.add(a, 1, out=o)
+        return o
+
+    def dtype_kept(x: list[float]) -> Any:
+        t = torch.tensor([1, 2, 3], dtype=torch.int32)
+        t += torch.tensor(x).long()  # int64 values into an int32 tensor: cast as eagerly
+        half = torch.tensor(x).half()
+        half *= torch.tensor(3.0)  # a 0-d float64 into a float16 tensor
+        return t, half
+
+    def setitem_then_view(x: list[float]) -> Any:
+        t = torch.tensor(x)
+        t[0] = 100.0
+        return t[:2]
+
+    def copy_and_fill(x: list[float]) -> Any:
+        t = torch.zeros(3)
+        t.copy_(torch.tensor(x))
+        s = torch.zeros(3)
+        s.fill_(2.0)
+        return t * s
+
+    return {
+        "iadd": iadd,
+        "method": method,
+        "relu_inplace": relu_inplace,
+        "out_kwarg": out_kwarg,
+        "dtype_kept": dtype_kept,
+        "setitem_then_view": setitem_then_view,
+        "copy_and_fill": copy_and_fill,
+    }
+
+
+@pytest.mark.parametrize("name", list(_alias_cases()))
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_in_place_writes_are_seen_by_every_alias(name: str, scheduler: str) -> None:
+    fn = _alias_cases()[name]
+    assert_matches_eager(fn, [[1.0, -2.0, 3.0], [0.5, 0.0, -1.0]], None, scheduler)  # type: ignore[arg-type]
+
+
+def test_a_write_a_live_view_would_see_is_refused() -> None:
+    def through_base(x: list[float]) -> torch.Tensor:
+        t = torch.tensor(x)
+        v = t[:2]
+        t[0] = 100.0
+        return v
+
+    def through_view(x: list[float]) -> torch.Tensor:
+        t = torch.tensor(x)
+        row = t.view(1, 3)[0]
+        row += 1
+        return t
+
+    def chained(x: list[float]) -> torch.Tensor:
+        t = torch.tensor(x).reshape(1, 3)
+        t[0][1] = 5.0
+        return t
+
+    with pytest.raises(bf.UnsupportedOpError, match="while a view of it .* is still in use"):
+        bf.batch_map(through_base, [[1.0, 2.0, 3.0]])
+    for fn in (through_view, chained):
+        with pytest.raises(bf.UnsupportedOpError, match="writes into a view"):
+            bf.batch_map(fn, [[1.0, 2.0, 3.0]])
+
+
+def test_writing_per_instance_values_into_a_shared_tensor_is_refused() -> None:
+    shared = torch.zeros(3)
+    with pytest.raises(bf.UnsupportedOpError, match="out= must be a lazy tensor"):
+        bf.batch_map(lambda x: torch.add(torch.tensor(x), 1, out=shared), [[1.0, 2.0, 3.0]])
+    with pytest.raises(bf.UnsupportedOpError, match="into a tensor from outside"):
+        bf.batch_map(lambda x: torch.Tensor.add_(shared, torch.tensor(x)), [[1.0, 2.0, 3.0]])
+
+
+@pytest.mark.parametrize("batch", [2, 3])
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_shared_operands_with_three_or_more_dims_keep_their_leading_dims(
+    batch: int, scheduler: str
+) -> None:
+    w3 = nn.Parameter(torch.randn(2, 3, 4))
+    w4 = nn.Parameter(torch.randn(2, 1, 4, 3))
+    holder = nn.ParameterList([w3, w4])
+
+    def fn(x: list[float]) -> Any:
+        v = torch.tensor(x)  # [3]
+        m = torch.stack([v, v * 2])  # [2, 3]
+        return (
+            v @ w3,  # [2, 4]
+            m @ w3,  # [2, 2, 4]
+            torch.matmul(w4, v),  # [2, 1, 4]
+            w4 @ m.T,  # [2, 1, 4, 2]
+            v * w3.sum(-1),  # per-instance [3] broadcast against shared [2, 3]
+            torch.where(v > 0, w3[0, :, 0], v),
+        )
+
+    xs = [[float(i), -1.0, 2.0 * i] for i in range(batch)]
+    assert_matches_eager(fn, xs, holder, scheduler)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("tensor_dtype", "scalar_dtype"),
+    [
+        (torch.float16, torch.float32),
+        (torch.float32, torch.float64),
+        (torch.int32, torch.int64),
+        (torch.int16, torch.int32),
+        (torch.int32, torch.float64),  # a 0-d float beats an int tensor: float64
+        (torch.float32, torch.int64),
+    ],
+)
+def test_0d_operands_follow_eager_type_promotion(
+    tensor_dtype: torch.dtype, scalar_dtype: torch.dtype
+) -> None:
+    def fn(x: int) -> Any:
+        t = torch.tensor([x, x + 1, x + 2]).to(tensor_dtype)
+        s = torch.tensor(x + 1).to(scalar_dtype)
+        return t * s, t + s, torch.where(t > 1, t, s), torch.maximum(s, t)
+
+    assert_matches_eager(fn, [1, 2, 3])  # type: ignore[arg-type]
+
+
+def test_an_op_with_more_outputs_than_value_ids_hold_is_refused() -> None:
+    with pytest.raises(bf.UnsupportedOpError, match="returns 70000 tensors; .* at most 65536"):
+        bf.batch_map(lambda x: torch.arange(70000.0).mul(torch.tensor(x)).unbind(0), [1.0])
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_tensor_arguments_passed_by_keyword(scheduler: str) -> None:
+    def fn(x: list[float]) -> Any:
+        t = torch.tensor(x)
+        m = t.reshape(2, 2)
+        return (
+            torch.cat(tensors=[t, t * 2]),
+            torch.stack(tensors=[t, t], dim=1),
+            torch.softmax(input=t, dim=0),
+            torch.sum(input=t),
+            torch.transpose(input=m, dim0=0, dim1=1),
+            torch.tanh(input=t),
+        )
+
+    assert_matches_eager(fn, [[1.0, 2.0, 3.0, 4.0], [0.0, -1.0, 0.5, 2.0]], None, scheduler)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("code", "fix"),
+    [
+        (lambda t: torch.nonzero(t), r"torch.where\(x != 0, x, 0\)"),
+        (lambda t: t.argwhere(), "keeps the shape"),
+        (lambda t: torch.unique(t), "sort"),
+        (lambda t: t[t > 0], r"torch.where\(mask, x, 0\)"),
+        (lambda t: torch.masked_select(t, t > 0), r"torch.where\(mask, x, 0\)"),
+        (lambda t: torch.bincount(t.long()), "one_hot"),
+        (lambda t: torch.repeat_interleave(t, t.long()), "Python int"),
+        (lambda t: torch.where(t > 0), "three arguments"),
+    ],
+)
+def test_value_shaped_ops_are_refused_with_the_right_way(code: Any, fix: str) -> None:
+    with pytest.raises(bf.UnsupportedOpError, match="depends on per-instance values") as info:
+        bf.batch_map(lambda x: code(torch.tensor(x)), [[1.0, 0.0], [0.0, 0.0]])
+    assert fix.replace("\\", "") in str(info.value) or pytest.fail(str(info.value))
+    assert "test_eager_semantics.py" in str(info.value)
+
+
+def test_static_shaped_cousins_of_value_shaped_ops_still_record() -> None:
+    def fn(x: list[float]) -> Any:
+        t = torch.tensor(x)
+        return torch.repeat_interleave(t, 2), torch.where(t > 0, t, 0.0)
+
+    assert_matches_eager(fn, [[1.0, 0.0], [0.0, 2.0]])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_with_probability_targets(reduction: str) -> None:
+    head = nn.Linear(3, 4)
+
+    def fn(x: list[float]) -> torch.Tensor:
+        logits = head(torch.tensor(x))
+        target = torch.softmax(torch.tensor(x + [0.0]) * 2, 0)
+        return F.cross_entropy(logits, target, reduction=reduction, label_smoothing=0.1)
+
+    assert_matches_eager(fn, [[1.0, 2.0, 3.0], [0.0, -1.0, 0.5]], head)  # type: ignore[arg-type]
+
+
+def test_nested_batch_map_joins_the_outer_batch() -> None:
+    lin = nn.Linear(2, 2)
+
+    def inner(v: list[float]) -> torch.Tensor:
+        return torch.tanh(lin(torch.tensor(v)))
+
+    def outer(group: list[list[float]]) -> torch.Tensor:
+        return torch.stack(bf.batch_map(inner, group)).sum(0)
+
+    groups = [[[1.0, 2.0], [3.0, 4.0]], [[0.5, 0.5]]]
+    stats = assert_matches_eager(outer, groups, lin)  # type: ignore[arg-type]
+    assert stats.steps < stats.nodes  # the inner instances were batched together
+    with pytest.raises(ValueError, match="nested"):
+        bf.batch_map(lambda g: bf.batch_map(inner, g, return_stats=True), groups)
+
+
+def test_two_threads_record_into_their_own_batches() -> None:
+    cell = bf.function(nn.Linear(4, 4), batched=True)
+    results: dict[int, Any] = {}
+    barrier = threading.Barrier(2)
+
+    def work(k: int) -> None:
+        def fn(x: float) -> torch.Tensor:
+            barrier.wait(timeout=10)  # both threads record at the same time
+            h = torch.full((4,), x)
+            for _ in range(3):
+                h = torch.tanh(cell(h))
+            return h
+
+        try:
+            results[k] = bf.batch_map(fn, [float(k), float(k) + 0.5], return_stats=True)
+        except BaseException as error:  # reported below
+            results[k] = error
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    for k in (0, 1):
+        outputs, stats = results[k]
+        assert stats.instances == 2 and stats.nodes == 2 + 2 * 3 * 2
+        for x, out in zip([float(k), float(k) + 0.5], outputs, strict=True):
+            torch.testing.assert_close(out, _eager_cell(cell.fn, x))
+
+
+def _eager_cell(lin: nn.Module, x: float) -> torch.Tensor:
+    h = torch.full((4,), x)
+    for _ in range(3):
+        h = torch.tanh(lin(h))
+    return h
+
+
+def test_a_recursion_error_in_user_code_is_not_called_a_shape_error() -> None:
+    def deep(t: torch.Tensor, n: int) -> torch.Tensor:
+        return deep(t + 1, n + 1)  # never ends: each level records an add
+
+    with pytest.raises(RecursionError):
+        bf.batch_map(lambda x: deep(torch.tensor(x), 0), [1.0])
+
+
+def test_an_instance_that_will_not_exit_after_an_error_is_bounded() -> None:
+    tries = []
+
+    def fn(i: int) -> torch.Tensor:
+        x = torch.tensor(float(i)) * 2
+        if i == 0:
+            x.item()
+            raise KeyError("instance 0 fails")
+        while True:
+            try:
+                (x + len(tries)).item()  # a new value to wait for on every try
+                break
+            except BaseException:
+                tries.append(1)
+                if len(tries) > 100:
+                    raise AssertionError("cleanup did not stop") from None
+        return x
+
+    with pytest.raises(KeyError, match="instance 0 fails") as info:
+        bf.batch_map(fn, [0, 1])
+    assert "left paused" in "".join(getattr(info.value, "__notes__", []))
+    assert len(tries) == 3
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_per_instance_by_per_instance_products_batch_without_vmap(scheduler: str) -> None:
+    lin = nn.Linear(3, 3)
+
+    def fn(x: list[float]) -> Any:
+        v = lin(torch.tensor(x))  # [3]
+        m = torch.outer(v, v) + torch.eye(3)  # [3, 3]
+        t = torch.stack([m, m * 2])  # [2, 3, 3]
+        return v @ v, m @ v, v @ m, m @ m, torch.mv(m, v), torch.mm(m, m), torch.bmm(t, t), t @ v
+
+    stats = assert_matches_eager(fn, [[1.0, 2.0, 3.0], [0.5, -1.0, 0.0]], lin, scheduler)  # type: ignore[arg-type]
+    assert not any(
+        "matmul" in name or name.startswith(("mv", "mm", "bmm")) for name in stats.fallbacks
+    )
+
+
+def test_new_tensor_methods_make_per_instance_constants() -> None:
+    def fn(x: list[float]) -> Any:
+        t = torch.tensor(x, dtype=torch.float32)
+        return (
+            t + t.new_zeros(3),
+            t * t.new_ones((3,)),
+            t.new_full((2,), 7.0),
+            t.new_tensor([1, 2, 3]) + t,
+            t.new_empty(3).shape == (3,),
+        )
+
+    out = bf.batch_map(fn, [[1.0, 2.0, 3.0]] * 2)
+    for got in out:
+        want = fn([1.0, 2.0, 3.0])
+        for g, w in zip(got[:4], want[:4], strict=True):
+            torch.testing.assert_close(g, w)
+            assert g.dtype == torch.float32
+        assert got[4]

@@ -1,0 +1,230 @@
+"""Cached traces of module calls equal op-by-op recording and eager execution."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import batchfold as bf
+from reference import assert_matches_eager, flat_tensors
+
+SCHEDULERS = ["agenda", "depth"]
+pytestmark = pytest.mark.usefixtures("float64")
+
+
+class Cell(nn.Module):
+    """A binary Tree-LSTM cell written for one node."""
+
+    def __init__(self, hidden: int = 5) -> None:
+        super().__init__()
+        self.mix = nn.Linear(2 * hidden, 5 * hidden)
+
+    def forward(self, hl: Any, cl: Any, hr: Any, cr: Any) -> tuple[Any, Any]:
+        i, fl, fr, o, u = self.mix(torch.cat([hl, hr])).chunk(5)
+        c = i.sigmoid() * u.tanh() + fl.sigmoid() * cl + fr.sigmoid() * cr
+        return o.sigmoid() * c.tanh(), c
+
+
+class TreeModel(nn.Module):
+    """Leaves embedded, nodes combined by a cell module, a loss on every node."""
+
+    def __init__(self, vocab: int = 12, hidden: int = 5) -> None:
+        super().__init__()
+        self.hidden = hidden
+        self.embed = nn.Embedding(vocab, hidden)
+        self.cell = Cell(hidden)
+        self.head = nn.Linear(hidden, 3)
+
+    def node(self, tree: Any) -> tuple[Any, Any, Any]:
+        label = torch.tensor(len(str(tree)) % 3)
+        if isinstance(tree, int):
+            h = torch.tanh(self.embed(torch.tensor(tree)))
+            return h, torch.zeros(self.hidden), F.cross_entropy(self.head(h), label)
+        hl, cl, ll = self.node(tree[0])
+        hr, cr, lr = self.node(tree[1])
+        h, c = self.cell(hl, cl, hr, cr)
+        return h, c, F.cross_entropy(self.head(h), label) + ll + lr
+
+    def forward(self, tree: Any) -> tuple[Any, Any]:
+        h, _, loss = self.node(tree)
+        return h, loss
+
+
+def random_tree(rng: random.Random, leaves: int) -> Any:
+    if leaves == 1:
+        return rng.randrange(12)
+    k = rng.randint(1, leaves - 1)
+    return (random_tree(rng, k), random_tree(rng, leaves - k))
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_cached_traces_match_eager_and_op_by_op_recording(scheduler: str, seed: int) -> None:
+    rng = random.Random(seed)
+    model = TreeModel()
+    trees = [random_tree(rng, rng.randint(1, 9)) for _ in range(6)]
+    stats = assert_matches_eager(model, trees, model, scheduler)  # type: ignore[arg-type]
+    assert stats.module_calls_cached > 0
+    plain = bf.batch_map(model, trees, scheduler=scheduler, cache_modules=False)  # type: ignore[arg-type]
+    cached = bf.batch_map(model, trees, scheduler=scheduler)  # type: ignore[arg-type]
+    for a, b in zip(flat_tensors(cached), flat_tensors(plain), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert bf.last_stats().nodes < stats.nodes + 1  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_cached_traces_on_dags(scheduler: str) -> None:
+    mix = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4))
+    rng = random.Random(3)
+    dags = [[sorted(rng.sample(range(i), min(i, 2))) for i in range(rng.randint(2, 8))]]
+    dags += [[[], [0], [0, 1], [1, 2], [0, 3]], [[]]]
+
+    def fn(dag: list[list[int]]) -> torch.Tensor:
+        states: list[torch.Tensor] = []
+        for parents in dag:
+            x = torch.ones(4) if not parents else torch.stack([states[p] for p in parents]).sum(0)
+            states.append(mix(x))
+        return torch.stack(states).sum(0)
+
+    stats = assert_matches_eager(fn, dags, mix, scheduler)  # type: ignore[arg-type]
+    assert stats.module_calls_cached > 0
+
+
+class ValueBranch(nn.Module):
+    """Branches on a value it computes: a sync point, so never cached."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x: Any) -> Any:
+        y = self.lin(x)
+        return y * 2 if y.sum() > 0 else -y
+
+
+def test_a_module_that_reads_a_value_is_not_cached_and_matches_eager() -> None:
+    module = ValueBranch()
+    xs = [[1.0, 2.0, 3.0], [-1.0, -2.0, -3.0], [0.5, -0.5, 0.1]] * 2
+
+    def fn(x: list[float]) -> Any:
+        t = torch.tensor(x)
+        return module(module(t))
+
+    stats = assert_matches_eager(fn, xs, module)  # type: ignore[arg-type]
+    assert stats.module_misses["ValueBranch: reads a value (a sync point)"] > 0
+    assert stats.module_calls_cached > 0  # its Linear, called in each (uncached) forward
+
+
+class Counting(nn.Module):
+    """Records different ops on alternate calls: the second trace sees it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+        self.calls = 0
+
+    def forward(self, x: Any) -> Any:
+        self.calls += 1
+        return self.lin(x) * 2 if self.calls % 2 else self.lin(x)
+
+
+def test_a_module_whose_ops_change_between_calls_is_not_cached() -> None:
+    module = Counting()
+    outs, stats = bf.batch_map(
+        lambda x: module(torch.tensor(x)), [[1.0, 2.0]] * 5, return_stats=True
+    )
+    assert stats.module_misses == {
+        "Counting: records different ops on calls with the same arguments": 4
+    }
+    module.calls = 0
+    for out in outs:
+        torch.testing.assert_close(out, module(torch.tensor([1.0, 2.0])))
+
+
+def test_dropout_inside_a_cached_module_draws_per_instance() -> None:
+    block = nn.Sequential(nn.Linear(8, 64), nn.Dropout(0.5))
+    outs, stats = bf.batch_map(lambda _: block(torch.ones(8)), range(6), return_stats=True)
+    assert stats.module_calls_cached == 4
+    masks = [o == 0 for o in outs]
+    for i, a in enumerate(masks):
+        for b in masks[i + 1 :]:
+            assert not torch.equal(a, b)
+
+
+def test_weights_and_train_eval_changes_are_honoured() -> None:
+    model = TreeModel()
+    trees = [((1, 2), 3), (4, (5, 6)), 7]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    for _ in range(2):  # a step changes the weights in place between batch_map calls
+        assert_matches_eager(model, trees, model)  # type: ignore[arg-type]
+        loss = sum(loss for _, loss in bf.batch_map(model, trees))  # type: ignore[arg-type]
+        optimizer.zero_grad()
+        loss.backward()  # type: ignore[union-attr]
+        optimizer.step()
+    head = nn.Sequential(nn.Linear(3, 16), nn.Dropout(0.9))
+
+    def toggled(x: list[float]) -> Any:
+        head.train(x[0] > 0)  # train or eval, per instance, before the call
+        return head(torch.tensor(x))
+
+    xs = [[-1.0, 2.0, 3.0]] * 3 + [[1.0, 2.0, 3.0]] * 3
+    outs = bf.batch_map(toggled, xs)
+    head.eval()
+    for out in outs[:3]:
+        torch.testing.assert_close(out, head(torch.tensor(xs[0])))
+    assert all((out == 0).any() for out in outs[3:])  # dropout ran in train mode
+
+
+def test_switching_caching_off() -> None:
+    model = TreeModel()
+    trees = [((1, 2), 3), (4, (5, 6))] * 3
+    _, off = bf.batch_map(model, trees, return_stats=True, cache_modules=False)  # type: ignore[arg-type]
+    assert off.module_calls_cached == 0 and off.module_calls_traced == 0
+    bf.no_cache(model.cell)
+    _, on = bf.batch_map(model, trees, return_stats=True)  # type: ignore[arg-type]
+    assert on.module_misses.get("Cell: switched off with no_cache", 0) > 0
+    assert on.module_calls_cached > 0  # the other modules still are
+    assert "cached traces" in str(on) and "switched off" in str(on)
+
+
+def test_modules_returning_their_input_or_a_view_of_it() -> None:
+    class Same(nn.Module):
+        def forward(self, x: Any) -> Any:
+            return x
+
+    class Rows(nn.Module):
+        def forward(self, x: Any) -> Any:
+            return x.view(2, 2)
+
+    same, rows = Same(), Rows()
+
+    def fn(x: list[float]) -> Any:
+        t = torch.tensor(x)
+        u = same(t)
+        v = rows(t)
+        t += 1  # eagerly u is t and v views it; here the write is refused where it must be
+        return u, v
+
+    with pytest.raises(bf.UnsupportedOpError, match="view of it"):
+        bf.batch_map(fn, [[1.0, 2.0, 3.0, 4.0]] * 3)
+
+    def fn2(x: list[float]) -> Any:
+        t = torch.tensor(x)
+        return same(t) * 2, rows(t) + 1
+
+    stats = assert_matches_eager(fn2, [[1.0, 2.0, 3.0, 4.0]] * 3)  # type: ignore[arg-type]
+    assert stats.module_misses == {"Rows: returns a view of an argument": 3}
+    assert stats.module_calls_cached == 1  # Same, as no node at all: it hands back its input
+
+    def aliased(x: list[float]) -> Any:
+        t = torch.tensor(x)
+        u = same(t)  # the same object as t, cached or not
+        t += 1
+        return u
+
+    assert_matches_eager(aliased, [[1.0, 2.0, 3.0, 4.0]] * 4)  # type: ignore[arg-type]
