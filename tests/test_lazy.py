@@ -209,3 +209,9 @@ def test_reading_a_value_runs_the_graph_so_far() -> None:
     out, stats = bf.batch_map(fn, [1.0, 2.0, 3.0], return_stats=True)
     assert [o.item() for o in out] == [2.0, 7.0, 10.0]
     assert stats.segments >= 2
+
+
+def test_a_number_made_a_tensor_on_a_named_device_is_on_eagers_device() -> None:
+    emb = torch.nn.Embedding(5, 2)
+    outs = bf.batch_map(lambda i: emb(torch.tensor(i, device="cpu:0")), [1, 3])
+    torch.testing.assert_close(torch.stack(outs), emb(torch.tensor([1, 3])))

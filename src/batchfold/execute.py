@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -19,6 +19,7 @@ from .errors import BatchingRuleError, ShapeError
 from .graph import OUT_BITS, OUT_MASK, Signature
 from .ops import LOOP, VMAP
 from .profile import Profile, StepClock, mark
+from .ragged import expand_rows, run_family
 from .schedule import Gather, Plan, Step
 
 Tensor = torch.Tensor
@@ -45,6 +46,7 @@ class Executor:
         self.node_row = np.zeros(0, dtype=np.int64)
         self.fallbacks = Fallbacks()
         self.chunks: dict[tuple[int, int], tuple[Tensor, ...]] = {}  # (step, output) -> fanout
+        self.packed: dict[tuple[int, int], np.ndarray] = {}  # (step, output) -> row offsets
         self.profile: Profile | None = None  # set to time every step
 
     @property
@@ -55,8 +57,12 @@ class Executor:
     def value(self, v: int) -> Tensor:
         """The tensor of computed value ``v`` (a view into its step's output)."""
         node = v >> OUT_BITS
-        outputs = self.outputs[int(self.node_step[node])]
-        return outputs[v & OUT_MASK][int(self.node_row[node])]
+        step, row = int(self.node_step[node]), int(self.node_row[node])
+        tensor = self.outputs[step][v & OUT_MASK]
+        offsets = self.packed.get((step, v & OUT_MASK)) if self.packed else None
+        if offsets is not None:
+            return tensor[int(offsets[row]) : int(offsets[row + 1])]
+        return tensor[row]
 
     def values(self, vids: list[int]) -> list[Tensor]:
         """The tensors of many computed values: one gather per step output, then unbound."""
@@ -68,10 +74,17 @@ class Executor:
         order = np.argsort(source, kind="stable")
         cuts = np.flatnonzero(np.diff(source[order])) + 1
         for group in np.split(order, cuts):
-            outputs = self.outputs[int(self.node_step[nodes[group[0]]])]
-            tensor = outputs[int(ids[group[0]] & OUT_MASK)]
-            index = torch.from_numpy(rows[group]).to(tensor.device)
-            for position, value in zip(group, tensor.index_select(0, index).unbind(0), strict=True):
+            step, output = int(self.node_step[nodes[group[0]]]), int(ids[group[0]] & OUT_MASK)
+            tensor = self.outputs[step][output]
+            offsets = self.packed.get((step, output)) if self.packed else None
+            if offsets is None:
+                index = torch.from_numpy(rows[group]).to(tensor.device)
+                pieces = tensor.index_select(0, index).unbind(0)
+            else:
+                starts, ends = offsets[rows[group]], offsets[rows[group] + 1]
+                index = torch.from_numpy(expand_rows(starts, ends - starts)).to(tensor.device)
+                pieces = tensor.index_select(0, index).split((ends - starts).tolist())
+            for position, value in zip(group, pieces, strict=True):
                 result[position] = value
         return result  # type: ignore[return-value]
 
@@ -80,6 +93,11 @@ class Executor:
         for step in plan.steps:
             outs = self._run_step(step)
             self.outputs.append(outs)
+            if step.lengths is not None:
+                offsets = np.concatenate([[0], np.cumsum(step.lengths)])
+                for j, ragged in enumerate(step.sig.family.ragged_out):
+                    if ragged:
+                        self.packed[step.index, j] = offsets
             for fanout in step.fanouts:
                 out = outs[fanout.output]
                 if fanout.rows is not None:
@@ -93,8 +111,11 @@ class Executor:
             return self._profiled_step(step, self.profile)
         sig, n = step.sig, len(step.nodes)
         if not sig.in_metas:
-            return (sources_batch(sig, step.payloads or []),)
-        return run_op(sig, [self._gather(g) for g in step.gathers], n, self.fallbacks)
+            return (sources_batch(sig, step.payloads or [], step.lengths),)
+        inputs = [self._gather(g, step, j) for j, g in enumerate(step.gathers)]
+        if step.lengths is not None:
+            return run_ragged(sig, inputs, step.lengths)
+        return run_op(sig, inputs, n, self.fallbacks)
 
     def _profiled_step(self, step: Step, profile: Profile) -> tuple[Tensor, ...]:
         sig, n = step.sig, len(step.nodes)
@@ -102,17 +123,25 @@ class Executor:
             start = time.perf_counter()
             clock = StepClock()
             if not sig.in_metas:
-                outs: tuple[Tensor, ...] = (sources_batch(sig, step.payloads or []),)
+                outs: tuple[Tensor, ...] = (sources_batch(sig, step.payloads or [], step.lengths),)
                 gathered = 0
             else:
-                inputs = [self._gather(g) for g in step.gathers]
+                inputs = [self._gather(g, step, j) for j, g in enumerate(step.gathers)]
                 gathered = sum(len(x) for x in inputs)
-                outs = run_op(sig, mark(clock, inputs, start=False), n, self.fallbacks)
+                inputs = mark(clock, inputs, start=False)
+                if step.lengths is not None:
+                    outs = run_ragged(sig, inputs, step.lengths)
+                else:
+                    outs = run_op(sig, inputs, n, self.fallbacks)
             outs = tuple(mark(clock, outs, start=True))
             clock.entry = profile.step(sig, n, gathered, outs, time.perf_counter() - start)
         return outs
 
-    def _gather(self, gather: Gather) -> Tensor:
+    def _gather(self, gather: Gather, step: Step, slot: int) -> Tensor:
+        ragged = step.lengths is not None and step.sig.family.ragged_in[slot]
+        if ragged or (self.packed and self._reads_packed(gather)):
+            x = self._gather_rows(gather, flat=ragged and slot == step.sig.family.square)
+            return x if ragged else x.view(len(step.nodes), *step.sig.in_metas[slot].shape)
         pieces = []
         for part in gather.parts:
             outputs = self.outputs[part[0]]
@@ -129,10 +158,57 @@ class Executor:
             x = x.index_select(0, torch.from_numpy(gather.order).to(x.device, non_blocking=True))
         return x
 
+    def _reads_packed(self, gather: Gather) -> bool:
+        packed = self.packed
+        return any(
+            (part[0], part[1]) in packed
+            for part in gather.parts
+            if len(part) == 4 or type(part[2]) is not int
+        )
 
-def sources_batch(sig: Signature, payloads: list[Any]) -> Tensor:
-    """Stack the per-instance constants of a source step into one tensor."""
+    def _gather_rows(self, gather: Gather, flat: bool = False) -> Tensor:
+        """A gather's values as rows: each node's value, leading dim first, concatenated.
+
+        ``flat``: each value's elements instead of its rows (values of different shapes).
+        """
+        pieces, lengths = [], []
+        for part in gather.parts:
+            if len(part) == 3 and type(part[2]) is int:  # a fanout chunk: never packed
+                source, rows, offsets = self.chunks[part[0], part[1]][part[2]], None, None
+            else:
+                source = self.outputs[part[0]][part[1]]
+                offsets = self.packed.get((part[0], part[1]))
+                rows = np.arange(part[2], part[3]) if len(part) == 4 else cast(np.ndarray, part[2])
+            if rows is None:
+                rows = np.arange(len(source))
+            if offsets is None:  # one node per row of [n, L, *rest]
+                width = source[0].numel() if flat else source.shape[1]
+                source = source.reshape(-1) if flat else source.reshape(-1, *source.shape[2:])
+                starts, size = rows * width, np.full(len(rows), width, dtype=np.int64)
+            else:
+                starts = offsets[rows]
+                size = offsets[rows + 1] - starts
+                if flat:
+                    width = source[0].numel()
+                    source, starts, size = source.reshape(-1), starts * width, size * width
+            index = torch.from_numpy(expand_rows(starts, size)).to(source.device)
+            pieces.append(source.index_select(0, index))
+            lengths.append(size)
+        x = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+        if gather.order is not None:
+            size = np.concatenate(lengths)
+            starts = np.cumsum(size) - size
+            order = gather.order
+            index = expand_rows(starts[order], size[order])
+            x = x.index_select(0, torch.from_numpy(index).to(x.device))
+        return x
+
+
+def sources_batch(sig: Signature, payloads: list[Any], lengths: np.ndarray | None = None) -> Tensor:
+    """Stack the per-instance constants of a source step into one tensor (packed if ragged)."""
     meta = sig.out_metas[0]
+    if lengths is not None:
+        return torch.cat(payloads)
     if sig.source == "scalar":
         return torch.tensor(payloads, dtype=meta.dtype, device=meta.device)
     return torch.stack(payloads)
@@ -152,6 +228,26 @@ def run_op(
         return _call_rule(sig, inputs, n, fallbacks)
     with torch.set_grad_enabled(bool(mode)):
         return _call_rule(sig, inputs, n, fallbacks)
+
+
+def run_ragged(sig: Signature, inputs: list[Tensor], lengths: np.ndarray) -> tuple[Tensor, ...]:
+    """One packed call of a ragged step (see :mod:`batchfold.ragged`), its outputs checked."""
+    mode = sig.grad
+    if mode is None or mode == torch.is_grad_enabled():
+        outs = run_family(sig, inputs, lengths)
+    else:
+        with torch.set_grad_enabled(bool(mode)):
+            outs = run_family(sig, inputs, lengths)
+    n, total = len(lengths), int(lengths.sum())
+    for tensor, meta, ragged in zip(outs, sig.out_metas, sig.family.ragged_out, strict=True):
+        expected = (total, *meta.shape[1:]) if ragged else (n, *meta.shape)
+        if tuple(tensor.shape) != expected or tensor.dtype != meta.dtype:
+            raise BatchingRuleError(
+                f"the ragged {sig.family.kind} rule of {sig.name} (recorded at {sig.site}) "
+                f"returned {tensor.dtype} {tuple(tensor.shape)}, expected {meta.dtype} "
+                f"{expected}: a bug in batchfold's rule; please report it"
+            )
+    return outs
 
 
 def _call_rule(

@@ -89,6 +89,8 @@ class Signature:
         "source",
         "grad",
         "shared",
+        "family",
+        "length",
     )
 
     def __init__(
@@ -114,6 +116,8 @@ class Signature:
         self.source = source
         self.grad: int | None = None
         self.shared: tuple[tuple[torch.Tensor, int], ...] = ()
+        self.family: Any = None  # a ragged.Family this signature batches with, if any
+        self.length = 0  # in a family: the length of its ragged leading dim
 
     def __repr__(self) -> str:
         ins = ", ".join(map(repr, self.in_metas))
@@ -162,6 +166,7 @@ class Graph:
         self.signatures: list[Signature] = []
         self.pending_of: list[Pending] = []  # per signature id, its nodes waiting to run
         self._by_key: dict[Any, Signature] = {}
+        self.families: dict[Any, Any] = {}  # family key -> ragged.Family
         self.node_base = 0  # nodes below this have been run
         self.node_depth: list[int] = []  # depth of each pending node (index node - node_base)
 

@@ -59,7 +59,7 @@ def batched_rowwise(sig: Signature, inputs: list[Tensor], n: int) -> Any:
     """
     rank = len(sig.out_metas[0].shape)
     lifted = [lift(x, rank) for x in inputs]
-    for i, dtype in _zero_d_casts(sig):
+    for i, dtype in zero_d_casts(sig):
         lifted[i] = lifted[i].to(dtype)
     return call_one(sig, lifted)
 
@@ -72,7 +72,7 @@ def _category(dtype: torch.dtype) -> int:
     return 0 if dtype == torch.bool else 1
 
 
-def _zero_d_casts(sig: Signature) -> list[tuple[int, torch.dtype]]:
+def zero_d_casts(sig: Signature) -> list[tuple[int, torch.dtype]]:
     """``(input, dtype)`` for each per-instance 0-d input that eager promotion casts."""
     metas = sig.in_metas
     if all(m.shape for m in metas):

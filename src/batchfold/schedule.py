@@ -61,7 +61,9 @@ class Step:
     """One batched call: ``sig``'s op over ``nodes`` (row i of the output is ``nodes[i]``).
 
     ``fanouts`` say which outputs are split for their readers right after the call; a source
-    step (no inputs) carries its nodes' ``payloads``.
+    step (no inputs) carries its nodes' ``payloads``. A ragged step (nodes of one
+    :class:`~batchfold.ragged.Family` with different lengths; ``sig`` is one of theirs)
+    carries each node's ``lengths`` and holds its ragged values packed.
     """
 
     index: int
@@ -71,11 +73,13 @@ class Step:
     gathers: tuple[Gather, ...]
     fanouts: tuple[Fanout, ...] = ()
     payloads: list[Any] | None = None  # a source step's per-node values, in row order
+    lengths: np.ndarray | None = None  # a ragged step's: each node's leading-dim length
 
     def __str__(self) -> str:
         sources = sorted({part[0] for g in self.gathers for part in g.parts})
         reads = f"<- steps {', '.join(map(str, sources))}" if sources else ""
-        return f"step {self.index:4d}  {self.sig.name:<22s} x{len(self.nodes):<6d} {reads}".rstrip()
+        name = self.sig.name if self.lengths is None else f"{self.sig.name} (ragged)"
+        return f"step {self.index:4d}  {name:<22s} x{len(self.nodes):<6d} {reads}".rstrip()
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,12 +143,16 @@ def schedule(
         positions[local] = np.arange(len(local))
         sig_inputs = graph.pending_of[sig_id].inputs
         inputs[sig_id] = np.asarray(sig_inputs, dtype=np.int64).reshape(len(local), -1)
+    group_of = sig_of  # the nodes of a ragged family group as one signature's
+    if graph.families:
+        rep = [sig.id if sig.family is None else sig.family.rep for sig in graph.signatures]
+        group_of = np.asarray(rep, dtype=np.int64)[sig_of]
     if scheduler == "depth":
-        order, bounds = by_depth(sig_of, depth)
+        order, bounds = by_depth(group_of, depth)
     else:
         expensive = np.array([not sig.rule.cheap for sig in graph.signatures], dtype=np.int64)
         consumers, producers = pending_edges(members, inputs, graph.node_base)
-        order, bounds = by_agenda(sig_of, depth, expensive, consumers, producers)
+        order, bounds = by_agenda(group_of, depth, expensive, consumers, producers)
     layout = _Layout(graph, order, bounds, sig_of, first_step, locations)
     first = np.zeros(len(sig_of), dtype=np.int64)  # each node's first input value
     for sig_id, table in inputs.items():
@@ -190,7 +198,7 @@ class _Layout:
     ) -> None:
         empty = np.zeros(0, dtype=np.int64)
         self.graph, self.base, self.first_step = graph, graph.node_base, first_step
-        self.order, self.bounds = order, bounds
+        self.order, self.bounds, self.sig_of = order, bounds, sig_of
         self.old_step, self.old_row = locations if locations is not None else (empty, empty)
         n = len(order)
         self.starts = np.asarray(bounds[:-1], dtype=np.int64)
@@ -261,8 +269,10 @@ class _Layout:
         """The plan, once :meth:`order_rows` has run."""
         order, bounds, first_step = self.order, self.bounds, self.first_step
         positions = positions[order]
-        parts, source, part_ptr, orders = self._gathers(positions, inputs)
-        fanouts = _fan_out(parts, source, first_step, self.sizes)
+        node_sig = self.sig_of[order]
+        lengths = self._lengths(node_sig)
+        parts, source, part_ptr, orders = self._gathers(positions, inputs, node_sig)
+        fanouts = _fan_out(parts, source, first_step, self.sizes, self._packed(lengths))
         gathers = [
             Gather(tuple(parts[a:b]), o)
             for a, b, o in zip(part_ptr[:-1], part_ptr[1:], orders, strict=True)
@@ -277,9 +287,10 @@ class _Layout:
                 positions[a:b],
                 tuple(gathers[input_ptr[s] : input_ptr[s + 1]]),
                 tuple(fanouts.get(s, ())),
-                _payloads(pending[sig].payloads, positions[a:b])
+                _payloads(pending, node_sig[a:b], positions[a:b])
                 if sigs[sig].source is not None
                 else None,
+                lengths.get(s),
             )
             for s, (sig, a, b) in enumerate(
                 zip(self.step_sig.tolist(), bounds[:-1], bounds[1:], strict=True)
@@ -287,8 +298,32 @@ class _Layout:
         ]
         return Plan(steps, self.base, self.node_step, self.node_row)
 
+    def _lengths(self, node_sig: np.ndarray) -> dict[int, np.ndarray]:
+        """The ragged length of each node of every step whose nodes have several lengths."""
+        if not self.graph.families:
+            return {}
+        changes = np.flatnonzero(node_sig[1:] != node_sig[:-1]) + 1
+        step = np.searchsorted(self.starts, changes, side="right") - 1
+        mixed = np.unique(step[changes != self.starts[step]])  # a change inside a step
+        sigs = self.graph.signatures
+        length_of = np.array([sig.length for sig in sigs], dtype=np.int64)
+        return {
+            s: length_of[node_sig[self.starts[s] : self.starts[s] + self.sizes[s]]]
+            for s in mixed.tolist()
+        }
+
+    def _packed(self, lengths: dict[int, np.ndarray]) -> set[int]:
+        """The outputs that mixed steps hold packed, as ``step << OUT_BITS | output``."""
+        packed = set()
+        for s in lengths:
+            family = self.graph.signatures[int(self.step_sig[s])].family
+            for j, ragged in enumerate(family.ragged_out):
+                if ragged:
+                    packed.add((self.first_step + s) << OUT_BITS | j)
+        return packed
+
     def _gathers(
-        self, positions: np.ndarray, inputs: dict[int, np.ndarray]
+        self, positions: np.ndarray, inputs: dict[int, np.ndarray], node_sig: np.ndarray
     ) -> tuple[list[Part], np.ndarray, list[int], list[np.ndarray | None]]:
         """Every step input's gather, for all steps at once.
 
@@ -305,7 +340,7 @@ class _Layout:
         # input c of step s: entries cell_start[s] + c * sizes[s] + row, a value id per row
         values = np.empty(int(cells.sum()), dtype=np.int64)
         step_of = np.repeat(np.arange(len(sizes)), sizes)  # step of each row of the plan
-        sig_of = self.step_sig[step_of]
+        sig_of = node_sig
         by_sig = np.argsort(sig_of, kind="stable")
         for rows in np.split(by_sig, np.flatnonzero(np.diff(sig_of[by_sig])) + 1):
             table = inputs[int(sig_of[rows[0]])] if len(rows) else None
@@ -383,14 +418,16 @@ def _broken(rows: np.ndarray, run_of: np.ndarray, n_runs: int) -> np.ndarray:
 
 
 def _fan_out(
-    parts: list[Part], source: np.ndarray, first_step: int, sizes: np.ndarray
+    parts: list[Part], source: np.ndarray, first_step: int, sizes: np.ndarray, packed: set[int]
 ) -> dict[int, list[Fanout]]:
     """Read every step output that several parts of the plan read through one ``Fanout``.
 
     Returns the fanouts of each step (by position in the plan) and makes each reader's part
-    ``(step, output, j)``, chunk ``j``.
+    ``(step, output, j)``, chunk ``j``. Packed outputs (of ragged steps) are not fanned out.
     """
     mine = np.flatnonzero(source >= first_step << OUT_BITS)
+    if packed:
+        mine = mine[~np.isin(source[mine], np.fromiter(packed, dtype=np.int64))]
     by_source = mine[np.argsort(source[mine], kind="stable")]
     keys = source[by_source]
     run_start = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]]) if len(keys) else mine
@@ -421,5 +458,8 @@ def _rows(part: Part) -> np.ndarray:
     return part[2]
 
 
-def _payloads(payloads: list[Any], positions: np.ndarray) -> list[Any]:
-    return [payloads[p] for p in positions.tolist()]
+def _payloads(pending: list[Any], sigs: np.ndarray, positions: np.ndarray) -> list[Any]:
+    if sigs[0] == sigs[-1] and (len(sigs) < 3 or not np.any(sigs != sigs[0])):
+        payloads = pending[int(sigs[0])].payloads
+        return [payloads[p] for p in positions.tolist()]
+    return [pending[s].payloads[p] for s, p in zip(sigs.tolist(), positions.tolist(), strict=True)]

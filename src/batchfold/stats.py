@@ -17,7 +17,9 @@ class Stats:
     ``torch.func.vmap`` or one instance at a time because the op has no batching rule of its
     own. ``module_calls_cached`` counts ``nn.Module`` calls recorded as one node each,
     ``module_calls_traced`` those recorded op by op to make or check a trace, and
-    ``module_misses`` the calls that could not be cached, by module and reason. ``profile``
+    ``module_misses`` the calls that could not be cached, by module and reason.
+    ``ragged_steps`` counts the steps that ran nodes of several leading-dim lengths packed
+    (:mod:`batchfold.ragged`). ``profile``
     is set when the run was profiled (``batch_map(..., profile=True)``).
     """
 
@@ -27,6 +29,7 @@ class Stats:
     segments: int = 0
     syncs: int = 0
     fallbacks: dict[str, int] = field(default_factory=dict)
+    ragged_steps: int = 0
     module_calls_cached: int = 0
     module_calls_traced: int = 0
     module_misses: dict[str, int] = field(default_factory=dict)

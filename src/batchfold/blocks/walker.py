@@ -320,7 +320,7 @@ class InlineRecorder(Recorder):
     """Records the per-instance code of ``Function(..., per_instance=True)`` into a block graph."""
 
     def __init__(self, graph: Graph) -> None:
-        super().__init__()
+        super().__init__(ragged=False)  # block plans hold one row per node
         self.graph = graph
 
     def read(self, lazy: Lazy, what: str) -> torch.Tensor:

@@ -35,6 +35,7 @@ def batch_map(
     return_stats: Literal[False] = ...,
     cache_modules: bool = ...,
     profile: bool = ...,
+    ragged: bool = ...,
 ) -> list[Any]: ...
 
 
@@ -47,6 +48,7 @@ def batch_map(
     return_stats: Literal[True],
     cache_modules: bool = ...,
     profile: bool = ...,
+    ragged: bool = ...,
 ) -> tuple[list[Any], Stats]: ...
 
 
@@ -58,6 +60,7 @@ def batch_map(
     return_stats: bool = False,
     cache_modules: bool = True,
     profile: bool = False,
+    ragged: bool = True,
 ) -> list[Any] | tuple[list[Any], Stats]:
     """Run single-instance PyTorch code on many instances as a few batched operations.
 
@@ -82,6 +85,9 @@ def batch_map(
         profile: time every step, forward and backward, per signature: ``stats.profile``
             (a :class:`~batchfold.profile.Profile`; its backward times fill in once
             ``backward()`` has run).
+        ragged: batch ops whose per-instance inputs differ only in the length of their
+            leading dim (``[T, d]`` sequences of any ``T``) as one packed step (see
+            :mod:`batchfold.ragged`); ``False`` batches only values of equal shapes.
 
     Returns:
         ``[fn(x) for x in instances]`` with real tensors (and the stats, when asked for).
@@ -114,7 +120,7 @@ def batch_map(
                 "inner calls join the outer batch; ask the outer call for stats"
             )
         return [fn(x) for x in instances]
-    rec = Recorder(scheduler, cache_modules)
+    rec = Recorder(scheduler, cache_modules, ragged)
     if profile:
         rec.store.profile = Profile()
     start = time.perf_counter()

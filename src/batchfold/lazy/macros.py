@@ -215,7 +215,10 @@ class ModuleCache:
             if not found.ops:
                 return result
             (op, refs, _), *more = found.ops
-            if not more and op.in_metas and all(r[0] == 0 for r in refs):
+            if more and rec.ragged and _takes_sequences(args, kwargs):
+                entry.confirmed, entry.reason = False, SEQUENCES
+                self.misses[f"{name}: {SEQUENCES}"] += 1
+            elif not more and op.in_metas and all(r[0] == 0 for r in refs):
                 # one op: later calls are nodes of that op, batched with the traced ones
                 entry.sig, entry.order = op, [r[1] for r in refs]
                 entry.outs = [o for _, _, o in found.outputs]
@@ -274,6 +277,18 @@ def _arguments(entry: _Entry, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
         template((args, kwargs), lazies)
     outs = [lazies[k] for _, k in refs]
     return outs[0] if entry.template.structure is None else entry.template.structure(outs)
+
+
+SEQUENCES = (
+    "takes a tensor of 2 or more dims: recorded op by op, so that inputs of different "
+    "lengths batch together (ragged)"
+)
+
+
+def _takes_sequences(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    lazies: list[Lazy] = []
+    template((args, kwargs), lazies)
+    return any(len(lazy._meta.shape) >= 2 for lazy in lazies)
 
 
 def _has_hooks(module: nn.Module) -> bool:

@@ -27,6 +27,7 @@ from ..errors import (
 from ..execute import Executor
 from ..graph import OUT_BITS, OUT_MASK, Graph, Signature, TensorMeta
 from ..ops import rule_for
+from ..ragged import join_family, member_of
 from ..schedule import Scheduler, schedule
 from ..stats import Stats
 from .function import BatchedFunction
@@ -47,8 +48,11 @@ _LEADING = ("input", "tensors", "self")  # parameter names that come first when 
 class Recorder(TorchFunctionMode):
     """Records the PyTorch calls of one ``batch_map`` into a graph and runs it on demand."""
 
-    def __init__(self, scheduler: Scheduler = "agenda", cache_modules: bool = True) -> None:
+    def __init__(
+        self, scheduler: Scheduler = "agenda", cache_modules: bool = True, ragged: bool = True
+    ) -> None:
         super().__init__()
+        self.ragged = ragged  # batch ops across the lengths of their leading dim
         self.graph = Graph()
         self.store = Executor()
         self.scheduler: Scheduler = scheduler
@@ -218,16 +222,20 @@ class Recorder(TorchFunctionMode):
             rule, eager = func.rule, func.eager
         else:
             rule, eager = rule_for(func, targs, tkwargs, in_metas), None
-        out = infer_outputs(func, eager, name, site, targs, tkwargs, in_metas, self._meta_cache)
-        multi = None if isinstance(out, Tensor) else type(out)
-        outs = (out,) if isinstance(out, Tensor) else tuple(out)
-        if len(outs) > OUT_MASK + 1:
-            raise UnsupportedOpError(
-                f"{name} at {site} returns {len(outs)} tensors; batchfold records at most "
-                f"{OUT_MASK + 1} outputs of one op. Index or slice the tensor instead of "
-                "unbinding all of it."
-            )
-        out_metas = tuple(TensorMeta.of(tuple(o.shape), o.dtype, device) for o in outs)
+        member = member_of(self.graph.families, key, in_metas) if self.ragged else None
+        if member is not None:  # a new length of a known family: its shapes follow from it
+            multi, out_metas = member[0].multi, member[2]
+        else:
+            out = infer_outputs(func, eager, name, site, targs, tkwargs, in_metas, self._meta_cache)
+            multi = None if isinstance(out, Tensor) else type(out)
+            outs = (out,) if isinstance(out, Tensor) else tuple(out)
+            if len(outs) > OUT_MASK + 1:
+                raise UnsupportedOpError(
+                    f"{name} at {site} returns {len(outs)} tensors; batchfold records at most "
+                    f"{OUT_MASK + 1} outputs of one op. Index or slice the tensor instead of "
+                    "unbinding all of it."
+                )
+            out_metas = tuple(TensorMeta.of(tuple(o.shape), o.dtype, device) for o in outs)
         sig = self.graph.signature(
             key,
             func=func,
@@ -241,6 +249,10 @@ class Recorder(TorchFunctionMode):
         )
         sig.grad = 0 if mode == 2 else mode  # inference mode computes as no_grad does
         sig.shared = tuple((t, version(t)) for t in shared_tensors((targs, tkwargs)))
+        if member is not None:
+            sig.family, sig.length = member[0], member[1]
+        elif self.ragged:
+            join_family(self.graph.families, sig, key)
         return sig
 
     # -- in-place writes -----------------------------------------------------------------------
@@ -370,6 +382,7 @@ class Recorder(TorchFunctionMode):
         self.stats.execute_s += end - middle
         self.stats.nodes += plan.num_nodes
         self.stats.steps += len(plan.steps)
+        self.stats.ragged_steps += sum(step.lengths is not None for step in plan.steps)
         self.stats.segments += 1
         self.stats.plan = plan
         self.graph.clear_pending()

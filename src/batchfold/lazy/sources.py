@@ -14,6 +14,7 @@ import torch
 
 from ..graph import Signature, TensorMeta
 from ..ops import OpRule
+from ..ragged import join_family
 from .semantics import is_random
 from .sites import func_name, user_site
 from .tensor import Lazy
@@ -90,7 +91,9 @@ class SourceMaker:
             dtype = (
                 kwargs.get("dtype") or _SCALAR_DTYPES[type(args[0])] or torch.get_default_dtype()
             )
-            meta = TensorMeta.of((), dtype, torch.device(kwargs.get("device") or "cpu"))
+            # the device eager torch.tensor gives: the default one when none is named, with
+            # its index ("cuda" is "cuda:0", as parameters report it)
+            meta = TensorMeta.of((), dtype, torch.empty(0, device=kwargs.get("device")).device)
             kind, payload = "scalar", args[0]
         else:
             value = func(*args, **kwargs)
@@ -110,6 +113,8 @@ class SourceMaker:
                 site=user_site(),
                 source=kind,
             )
+            if rec.ragged:
+                join_family(graph.families, sig, key)
         if cache_key is not None:
             self._scalars[cache_key] = (sig, meta)
         vid = graph.add(sig, (), rec.instance, payload)

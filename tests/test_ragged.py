@@ -1,0 +1,139 @@
+"""Ragged steps equal eager per-instance execution: values and gradients, float64, lengths 0 up."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import batchfold as bf
+from batchfold.schedule import Scheduler
+
+DIM = 3
+lin = torch.nn.Linear(2, DIM).double()
+out = torch.nn.Linear(DIM, 2).double()
+norm = torch.nn.LayerNorm(DIM).double()
+emb = torch.nn.Embedding(7, DIM).double()
+lstm = torch.nn.LSTM(DIM, 2, num_layers=2, bidirectional=True).double()
+gru = torch.nn.GRU(DIM, 2).double()
+PARAMS = [
+    *lin.parameters(),
+    *out.parameters(),
+    *norm.parameters(),
+    emb.weight,
+    *lstm.parameters(),
+    *gru.parameters(),
+]
+
+
+def _h(x: torch.Tensor) -> torch.Tensor:
+    return torch.tanh(lin(torch.as_tensor(x)))  # [L, DIM], per instance, with gradients
+
+
+def _v(x: torch.Tensor) -> torch.Tensor:
+    return out.weight[0] * torch.as_tensor(x).sum()  # [DIM], per instance, not ragged
+
+
+# each case: per-instance code on a sequence x [L, 2]; "nonempty" cases need L >= 1
+CASES: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], bool]] = {
+    "elementwise": (lambda x: (_h(x) * 2 + 1).sigmoid() - _h(x), False),
+    "broadcast a per-instance vector": (lambda x: _h(x) * _v(x) + _v(x).sum(), False),
+    "0-d operand": (lambda x: _h(x) * torch.as_tensor(x).sum(), False),
+    "linear and x @ W": (lambda x: out(_h(x)) + _h(x) @ out.weight.t(), False),
+    "mv": (lambda x: _h(x) @ _v(x), False),
+    "weighted sum": (lambda x: torch.softmax(_h(x)[:, 0], 0) @ _h(x), False),
+    "layer_norm": (lambda x: norm(_h(x)), False),
+    "embedding": (lambda x: emb(torch.as_tensor(x[:, 0]).abs().long() % 7) * _h(x), False),
+    "softmax dims": (lambda x: F.log_softmax(_h(x), 0) + torch.softmax(_h(x), -1), False),
+    "sum and mean over rows": (lambda x: _h(x).sum(0) + _h(x).mean(dim=0), False),
+    "reductions over other dims": (lambda x: _h(x).sum(-1) + _h(x).amax(1), False),
+    "max and logsumexp over rows": (lambda x: _h(x).amax(0) + _h(x).logsumexp(0), True),
+    "cat, views, indexing": (
+        lambda x: torch.cat([_h(x), _h(x)[:, :1]], -1).unsqueeze(1).transpose(1, 2)[..., 0],
+        False,
+    ),
+    "an op without a ragged rule between": (lambda x: _h(x).flip(0).cumsum(0) * _h(x), False),
+    "recurrent layers on whole sequences": (
+        lambda x: lstm(_h(x))[0].sum(0) + gru(_h(x))[1].sum() + lstm(_h(x))[1][1].sum(),
+        True,
+    ),
+    "sum and mean of every element": (lambda x: _h(x).sum() + _h(x)[:, 0].mean(), False),
+    "adjacency times states": (
+        lambda x: (_adjacency(x) @ _h(x)) * (_adjacency(x) @ _h(x)[:, 1]).unsqueeze(-1),
+        False,
+    ),
+}
+
+
+def _adjacency(x: torch.Tensor) -> torch.Tensor:
+    a = torch.as_tensor(x)[:, :1]  # [L, 1]
+    return torch.sigmoid(a * a.t())  # [L, L] per instance
+
+
+def _batch(nonempty: bool, seed: int) -> list[torch.Tensor]:
+    rng = random.Random(seed)
+    lengths = [0, 1, 1, 4, 2, 7, 3, 4] if not nonempty else [1, 1, 4, 2, 7, 3, 4]
+    rng.shuffle(lengths)
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(n, 2, dtype=torch.float64, generator=gen) * 3 for n in lengths]
+
+
+def _grads(outputs: list[torch.Tensor]) -> list[torch.Tensor | None]:
+    total = sum((o * (i + 1)).sum() for i, o in enumerate(outputs))
+    assert isinstance(total, torch.Tensor)
+    return list(torch.autograd.grad(total, PARAMS, allow_unused=True))
+
+
+@pytest.mark.parametrize("scheduler", ["agenda", "depth"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_ragged_steps_equal_eager(case: str, scheduler: Scheduler) -> None:
+    fn, nonempty = CASES[case]
+    xs = _batch(nonempty, seed=len(case))
+    got, stats = bf.batch_map(fn, xs, scheduler=scheduler, return_stats=True)
+    want = [fn(x) for x in xs]
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, equal_nan=True)
+    for g, w in zip(_grads(got), _grads(want), strict=True):
+        assert (g is None) == (w is None)
+        if g is not None:
+            torch.testing.assert_close(g, w)
+    assert stats.ragged_steps > 0 and stats.plan is not None
+    first = [
+        s
+        for s in stats.plan.steps
+        if s.sig.name == "linear" and s.sig.in_metas[0].shape[1:] == (2,)
+    ]
+    assert len(first) == 1  # lin: every length in one step, however many lengths
+
+
+def test_ragged_off_batches_by_shape_and_gives_the_same_values() -> None:
+    fn = CASES["weighted sum"][0]
+    xs = _batch(False, seed=1)
+    on, with_ragged = bf.batch_map(fn, xs, return_stats=True)
+    off, without = bf.batch_map(fn, xs, return_stats=True, ragged=False)
+    for a, b in zip(on, off, strict=True):
+        torch.testing.assert_close(a, b)
+    assert without.ragged_steps == 0 and with_ragged.ragged_steps > 0
+    assert with_ragged.steps < without.steps
+
+
+def test_dropout_on_packed_rows_draws_per_instance() -> None:
+    xs = [torch.ones(n, 50, dtype=torch.float64) for n in (3, 4, 3, 5)]
+    got = bf.batch_map(lambda x: F.dropout(torch.as_tensor(x), 0.5, training=True), xs)
+    assert [tuple(g.shape) for g in got] == [(3, 50), (4, 50), (3, 50), (5, 50)]
+    assert set(torch.cat(got).unique().tolist()) == {0.0, 2.0}
+    assert not torch.equal(got[0], got[2])  # same length, drawn apart
+
+
+def test_a_module_on_sequences_is_recorded_op_by_op_and_batches_across_lengths() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.Tanh()).double()
+    xs = _batch(False, seed=2)
+    got, stats = bf.batch_map(lambda x: model(torch.as_tensor(x)).sum(0), xs, return_stats=True)
+    for g, x in zip(got, xs, strict=True):
+        torch.testing.assert_close(g, model(x).sum(0))
+    assert any("ragged" in reason for reason in stats.module_misses)
+    assert stats.steps == 4  # source, linear, tanh, sum: one step each
+    assert stats.module_calls_cached == 0
