@@ -60,12 +60,28 @@ CASES: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], bool]] = {
         lambda x: lstm(_h(x))[0].sum(0) + gru(_h(x))[1].sum() + lstm(_h(x))[1][1].sum(),
         True,
     ),
+    "rows picked and summed by a per-instance index": (lambda x: _pair_sum(x), True),
     "sum and mean of every element": (lambda x: _h(x).sum() + _h(x)[:, 0].mean(), False),
     "adjacency times states": (
         lambda x: (_adjacency(x) @ _h(x)) * (_adjacency(x) @ _h(x)[:, 1]).unsqueeze(-1),
         False,
     ),
 }
+
+
+def _index(x: torch.Tensor, shift: int) -> torch.Tensor:
+    """A per-instance int64 index into x's rows, of another length (2L + 1), some negative."""
+    n = len(x)
+    return torch.as_tensor(
+        [(i * 5 + shift) % n - (n if i % 3 == 0 else 0) for i in range(2 * n + 1)]
+    )
+
+
+def _pair_sum(x: torch.Tensor) -> torch.Tensor:
+    per_pair = _h(x)[_index(x, 1)] * _h(x).index_select(0, _index(x, 2) % len(x))
+    total = torch.zeros(len(x), DIM, dtype=torch.float64)
+    total.index_add_(0, _index(x, 3) % len(x), per_pair)
+    return total + _h(x)
 
 
 def _adjacency(x: torch.Tensor) -> torch.Tensor:
@@ -137,3 +153,44 @@ def test_a_module_on_sequences_is_recorded_op_by_op_and_batches_across_lengths()
     assert any("ragged" in reason for reason in stats.module_misses)
     assert stats.steps == 4  # source, linear, tanh, sum: one step each
     assert stats.module_calls_cached == 0
+
+
+def test_an_index_out_of_an_instances_range_is_refused_not_read_from_another() -> None:
+    xs = [torch.randn(n, 2, dtype=torch.float64) for n in (3, 5, 2)]
+
+    def pick(x: torch.Tensor) -> torch.Tensor:
+        return _h(x)[torch.as_tensor([0, 4])]  # row 4: in range for the second only
+
+    with pytest.raises(IndexError):
+        pick(xs[0])
+    with pytest.raises(IndexError, match="out of range"):
+        bf.batch_map(pick, xs)
+
+
+def test_greedy_decoding_with_attention_gives_the_tokens_of_one_at_a_time() -> None:
+    torch.manual_seed(3)
+    embed = torch.nn.Embedding(12, 6).double()
+    encoder = torch.nn.GRU(6, 6).double()
+    cell = torch.nn.GRUCell(6, 6).double()
+    head = torch.nn.Linear(12, 12).double()
+
+    def decode(tokens: list[int]) -> list[int]:
+        states, last = encoder(embed(torch.tensor(tokens)))
+        h, token, out = last[0], tokens[-1], []
+        while len(out) < 8:
+            h = cell(embed(torch.tensor(token)), h)
+            context = torch.softmax(states @ h, 0) @ states  # over this sequence's length
+            token = int(head(torch.cat([h, context])).argmax())  # a sync point
+            out.append(token)
+            if token == 0:
+                break
+        return out
+
+    rng = random.Random(5)
+    sources = [[rng.randrange(1, 12) for _ in range(rng.randint(1, 9))] for _ in range(12)]
+    with torch.no_grad():
+        want = [decode(s) for s in sources]
+        for scheduler in ("agenda", "depth"):
+            got, stats = bf.batch_map(decode, sources, scheduler=scheduler, return_stats=True)
+            assert got == want
+            assert stats.syncs == max(map(len, want)) and stats.ragged_steps > 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from typing import Any, cast
+from typing import Any, Literal, cast, overload
 
 import numpy as np
 import torch
@@ -112,10 +112,22 @@ class Executor:
         sig, n = step.sig, len(step.nodes)
         if not sig.in_metas:
             return (sources_batch(sig, step.payloads or [], step.lengths),)
-        inputs = [self._gather(g, step, j) for j, g in enumerate(step.gathers)]
         if step.lengths is not None:
-            return run_ragged(sig, inputs, step.lengths)
+            return run_ragged(sig, *self._ragged_inputs(step), step.lengths)
+        inputs = [self._gather(g, step, j) for j, g in enumerate(step.gathers)]
         return run_op(sig, inputs, n, self.fallbacks)
+
+    def _ragged_inputs(self, step: Step) -> tuple[list[Tensor], dict[int, np.ndarray]]:
+        """A ragged step's inputs, and each node's length in its secondary inputs."""
+        secondary = step.sig.family.secondary
+        inputs, sizes = [], {}
+        for j, gather in enumerate(step.gathers):
+            if j in secondary:
+                x, sizes[j] = self._gather_rows(gather, with_sizes=True)
+                inputs.append(x)
+            else:
+                inputs.append(self._gather(gather, step, j))
+        return inputs, sizes
 
     def _profiled_step(self, step: Step, profile: Profile) -> tuple[Tensor, ...]:
         sig, n = step.sig, len(step.nodes)
@@ -126,15 +138,21 @@ class Executor:
                 outs: tuple[Tensor, ...] = (sources_batch(sig, step.payloads or [], step.lengths),)
                 gathered = 0
             else:
-                inputs = [self._gather(g, step, j) for j, g in enumerate(step.gathers)]
+                sizes: dict[int, np.ndarray] = {}
+                if step.lengths is not None:
+                    inputs, sizes = self._ragged_inputs(step)
+                else:
+                    inputs = [self._gather(g, step, j) for j, g in enumerate(step.gathers)]
                 gathered = sum(len(x) for x in inputs)
                 inputs = mark(clock, inputs, start=False)
                 if step.lengths is not None:
-                    outs = run_ragged(sig, inputs, step.lengths)
+                    outs = run_ragged(sig, inputs, sizes, step.lengths)
                 else:
                     outs = run_op(sig, inputs, n, self.fallbacks)
             outs = tuple(mark(clock, outs, start=True))
-            clock.entry = profile.step(sig, n, gathered, outs, time.perf_counter() - start)
+            clock.entry = profile.step(
+                sig, n, gathered, outs, time.perf_counter() - start, step.lengths is not None
+            )
         return outs
 
     def _gather(self, gather: Gather, step: Step, slot: int) -> Tensor:
@@ -166,7 +184,15 @@ class Executor:
             if len(part) == 4 or type(part[2]) is not int
         )
 
-    def _gather_rows(self, gather: Gather, flat: bool = False) -> Tensor:
+    @overload
+    def _gather_rows(self, gather: Gather, flat: bool = ...) -> Tensor: ...
+    @overload
+    def _gather_rows(
+        self, gather: Gather, flat: bool = ..., *, with_sizes: Literal[True]
+    ) -> tuple[Tensor, np.ndarray]: ...
+    def _gather_rows(
+        self, gather: Gather, flat: bool = False, *, with_sizes: bool = False
+    ) -> Tensor | tuple[Tensor, np.ndarray]:
         """A gather's values as rows: each node's value, leading dim first, concatenated.
 
         ``flat``: each value's elements instead of its rows (values of different shapes).
@@ -179,6 +205,7 @@ class Executor:
                 source = self.outputs[part[0]][part[1]]
                 offsets = self.packed.get((part[0], part[1]))
                 rows = np.arange(part[2], part[3]) if len(part) == 4 else cast(np.ndarray, part[2])
+            in_order = rows is None or len(part) == 4  # consecutive rows: a view, no copy
             if rows is None:
                 rows = np.arange(len(source))
             if offsets is None:  # one node per row of [n, L, *rest]
@@ -191,17 +218,20 @@ class Executor:
                 if flat:
                     width = source[0].numel()
                     source, starts, size = source.reshape(-1), starts * width, size * width
-            index = torch.from_numpy(expand_rows(starts, size)).to(source.device)
-            pieces.append(source.index_select(0, index))
+            if in_order and len(rows):
+                pieces.append(source[int(starts[0]) : int(starts[-1] + size[-1])])
+            else:
+                index = torch.from_numpy(expand_rows(starts, size)).to(source.device)
+                pieces.append(source.index_select(0, index))
             lengths.append(size)
         x = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+        size = np.concatenate(lengths)
         if gather.order is not None:
-            size = np.concatenate(lengths)
             starts = np.cumsum(size) - size
-            order = gather.order
-            index = expand_rows(starts[order], size[order])
+            size = size[gather.order]
+            index = expand_rows(starts[gather.order], size)
             x = x.index_select(0, torch.from_numpy(index).to(x.device))
-        return x
+        return (x, size) if with_sizes else x
 
 
 def sources_batch(sig: Signature, payloads: list[Any], lengths: np.ndarray | None = None) -> Tensor:
@@ -230,14 +260,16 @@ def run_op(
         return _call_rule(sig, inputs, n, fallbacks)
 
 
-def run_ragged(sig: Signature, inputs: list[Tensor], lengths: np.ndarray) -> tuple[Tensor, ...]:
+def run_ragged(
+    sig: Signature, inputs: list[Tensor], sizes: dict[int, np.ndarray], lengths: np.ndarray
+) -> tuple[Tensor, ...]:
     """One packed call of a ragged step (see :mod:`batchfold.ragged`), its outputs checked."""
     mode = sig.grad
     if mode is None or mode == torch.is_grad_enabled():
-        outs = run_family(sig, inputs, lengths)
+        outs = run_family(sig, inputs, lengths, sizes)
     else:
         with torch.set_grad_enabled(bool(mode)):
-            outs = run_family(sig, inputs, lengths)
+            outs = run_family(sig, inputs, lengths, sizes)
     n, total = len(lengths), int(lengths.sum())
     for tensor, meta, ragged in zip(outs, sig.out_metas, sig.family.ragged_out, strict=True):
         expected = (total, *meta.shape[1:]) if ragged else (n, *meta.shape)

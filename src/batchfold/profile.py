@@ -51,19 +51,30 @@ class Profile:
     phases: dict[str, float] = field(default_factory=dict)
 
     def step(
-        self, sig: Any, n: int, gathered: int, outs: tuple[Tensor, ...], seconds: float
+        self,
+        sig: Any,
+        n: int,
+        gathered: int,
+        outs: tuple[Tensor, ...],
+        seconds: float,
+        ragged: bool = False,
     ) -> SignatureProfile:
-        """Add one step of ``sig`` over ``n`` nodes; returns its entry (for backward times)."""
-        entry = self.signatures.get(id(sig))
+        """Add one step of ``sig`` over ``n`` nodes; returns its entry (for backward times).
+
+        A ``ragged`` step (nodes of several lengths, packed) counts under its family.
+        """
+        owner = sig.family if ragged else sig
+        entry = self.signatures.get(id(owner))
         if entry is None:
-            entry = self.signatures[id(sig)] = SignatureProfile(sig.name, sig.site)
+            name = f"{sig.name} (ragged)" if ragged else sig.name
+            entry = self.signatures[id(owner)] = SignatureProfile(name, sig.site)
         entry.steps += 1
         entry.nodes += n
         entry.batch_sizes.append(n)
         entry.rows_gathered += gathered
         entry.output_bytes += sum(t.numel() * t.element_size() for t in outs)
         entry.forward_s += seconds
-        rule = getattr(sig.rule, "name", "")
+        rule = "" if ragged else getattr(sig.rule, "name", "")
         if rule in ("vmap", "loop"):
             entry.fallback = rule
         return entry

@@ -42,6 +42,8 @@ _CAT = frozenset(named("cat", "concat", "concatenate"))
 _SQUEEZE = frozenset(named("squeeze", "unsqueeze"))
 _TRANSPOSE = frozenset(named("transpose", "swapaxes"))
 _GETITEM = torch.Tensor.__getitem__
+_INDEX_SELECT = frozenset(named("index_select"))
+_INDEX_ADD = frozenset(named("index_add"))
 _RNN = frozenset(f for f in (torch.lstm, torch.gru, torch.rnn_tanh, torch.rnn_relu))
 
 
@@ -67,6 +69,7 @@ class Family:
     square: int = -1  # "blockdiag": the input that is [L, L] per node, gathered flat
     outs: tuple[TensorMeta, ...] = ()  # the first member's output metas
     multi: type | None = None  # the first member's output structure
+    secondary: tuple[int, ...] = ()  # ragged inputs whose length is not the node's
 
 
 def ragged_meta(meta: TensorMeta) -> tuple[Any, ...]:
@@ -111,6 +114,9 @@ def classify(
         return None
     if func in _RNN:
         return _rnn_kind(template[0], in_metas, out_metas)
+    by_index = func is _GETITEM and len(template[0]) == 2 and type(template[0][1]) is Slot
+    if func in _INDEX_SELECT or func in _INDEX_ADD or by_index:
+        return _index_kind(func, template, in_metas)
     generic = generic_pattern(in_metas)
     if generic is None:
         return None
@@ -147,6 +153,9 @@ def _kind(
         if any(t.dim() > rank or (t.dim() == rank and t.shape[0] != 1) for t in shared):
             return None
         return "elementwise"
+    if func in _CAT:
+        dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+        return "rows" if type(dim) is int and dim % rank != 0 else None
     if type(args[0] if args else None) is not Slot:
         return None
     if func in _LINEAR or func in _EMBEDDING:
@@ -162,9 +171,6 @@ def _kind(
         return _matmul_kind(args, metas, rank)
     if func in _SOFTMAX or func in _REDUCE:
         return _dim_kind(func, args, kwargs, metas, rank)
-    if func in _CAT:
-        dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
-        return "rows" if type(dim) is int and dim % rank != 0 else None
     if len(metas) != 1:
         return None
     dims = args[1:] if not kwargs else (*args[1:], kwargs.get("dim"), kwargs.get("dim0"))
@@ -189,6 +195,37 @@ def _rnn_kind(
         return None
     ragged_out = (True,) + (False,) * (len(out_metas) - 1)
     return "rnn", (True,) + (False,) * (len(in_metas) - 1), ragged_out, in_metas[0].shape[0]
+
+
+def _index_kind(
+    func: Any, template: tuple[Any, Any], in_metas: tuple[TensorMeta, ...]
+) -> tuple[str, tuple[bool, ...], tuple[bool, ...], int] | None:
+    """Rows picked or summed by a per-instance index along dim 0: two lengths per node.
+
+    ``x.index_select(0, i)`` and ``x[i]`` (``i`` int64 ``[P]``) give ``[P, *rest]``;
+    ``out.index_add(0, i, src)`` adds the rows of ``src`` ``[P, *rest]`` into ``out``
+    ``[A, *rest]``. The node's length is the output's; the other is kept per input.
+    """
+    args, kwargs = template
+    if kwargs or not all(type(a) is Slot for a in (args[0], args[-1])) or len(in_metas) < 2:
+        return None
+    if func is _GETITEM or func in _INDEX_SELECT:
+        if len(args) != (2 if func is _GETITEM else 3) or len(in_metas) != 2:
+            return None
+        if func is not _GETITEM and args[1] not in (0, -len(in_metas[0].shape)):
+            return None
+        rows, index = in_metas
+        if index.dtype != torch.int64 or len(index.shape) != 1 or not rows.shape:
+            return None
+        return "index_rows", (True, True), (True,), index.shape[0]
+    if len(args) != 4 or args[1] != 0 or type(args[2]) is not Slot or len(in_metas) != 3:
+        return None
+    out, index, source = in_metas
+    if index.dtype != torch.int64 or len(index.shape) != 1 or not out.shape:
+        return None
+    if source.shape[1:] != out.shape[1:] or source.shape[:1] != index.shape:
+        return None
+    return "index_add", (True, True, True), (True,), out.shape[0]
 
 
 def _rowwise_index(index: Any, rank: int) -> bool:
@@ -256,11 +293,17 @@ def expand_rows(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return np.repeat(starts - before, lengths) + np.arange(total, dtype=np.int64)
 
 
-def run_family(sig: Signature, inputs: list[Tensor], lengths: np.ndarray) -> tuple[Tensor, ...]:
+def run_family(
+    sig: Signature,
+    inputs: list[Tensor],
+    lengths: np.ndarray,
+    sizes: dict[int, np.ndarray] | None = None,
+) -> tuple[Tensor, ...]:
     """One packed call of ``sig``'s family over nodes of ``lengths`` rows each.
 
     Ragged inputs are packed ``[sum L, *rest]``, the others ``[n, *shape]``; ragged outputs
-    come back packed, the others ``[n, *shape]``.
+    come back packed, the others ``[n, *shape]``. ``sizes`` holds each node's length in the
+    family's secondary inputs.
     """
     family = sig.family
     assert family is not None
@@ -289,9 +332,38 @@ def run_family(sig: Signature, inputs: list[Tensor], lengths: np.ndarray) -> tup
         out = _block_diagonal(inputs[0], inputs[1], lengths)
     elif kind == "rnn":
         return _packed_rnn(sig, inputs, lengths)
+    elif kind == "index_rows":
+        assert sizes is not None
+        rows, index = inputs
+        index = _global_index(sig, index, segment, sizes[0], allow_negative=True)
+        out = rows.index_select(0, index)
+    elif kind == "index_add":
+        assert sizes is not None
+        target, index, source = inputs
+        owner = np.repeat(np.arange(n, dtype=np.int64), sizes[1])
+        owner_t = torch.from_numpy(owner).to(index.device)
+        index = _global_index(sig, index, owner_t, lengths, allow_negative=False)
+        out = target.index_add(0, index, source)
     else:
         out = _segment_reduce(kind, inputs[0], segment, lengths)
     return tuple(out) if sig.multi else (out,)
+
+
+def _global_index(
+    sig: Signature, index: Tensor, owner: Tensor, rows: np.ndarray, allow_negative: bool
+) -> Tensor:
+    """Per-instance row indices as indices into the packed rows; out of range is an error."""
+    count = torch.from_numpy(rows).to(index.device).index_select(0, owner)
+    low = -count if allow_negative else torch.zeros_like(count)
+    bad = (index < low) | (index >= count)
+    if len(index) and bool(bad.any()):
+        k = int(bad.nonzero()[0, 0])
+        raise IndexError(
+            f"{sig.name} at {sig.site}: index {int(index[k])} is out of range for an instance "
+            f"with {int(count[k])} rows (as eager PyTorch refuses it)"
+        )
+    start = torch.from_numpy(np.cumsum(rows) - rows).to(index.device).index_select(0, owner)
+    return torch.where(index < 0, index + count, index) + start
 
 
 def _block_diagonal(blocks: Tensor, rows: Tensor, lengths: np.ndarray) -> Tensor:
@@ -391,8 +463,17 @@ def join_family(families: dict[Any, Family], sig: Signature, key: Any) -> None:
     family = families.get(fkey)
     if family is None:
         square = 0 if kind == "blockdiag" else -1
+        secondary = {"index_rows": (0,), "index_add": (1, 2)}.get(kind, ())
         family = Family(
-            len(families), kind, ragged_in, ragged_out, sig.id, square, sig.out_metas, sig.multi
+            len(families),
+            kind,
+            ragged_in,
+            ragged_out,
+            sig.id,
+            square,
+            sig.out_metas,
+            sig.multi,
+            secondary,
         )
         families[fkey] = family
         if (

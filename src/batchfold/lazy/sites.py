@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from typing import Any
@@ -14,13 +15,19 @@ _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 _LEADING = ("input", "tensors", "self")  # parameter names that come first when passed by name
 
 
+@functools.lru_cache(maxsize=4096)
+def _is_user_file(filename: str) -> bool:
+    path = os.path.abspath(filename)
+    return not path.startswith((_PACKAGE_DIR, _TORCH_DIR)) or "/tests/" in path
+
+
 def user_site() -> str:
     """``file:line`` of the innermost caller outside batchfold and PyTorch."""
     frame = sys._getframe(1)
     while frame is not None:
-        path = os.path.abspath(frame.f_code.co_filename)
-        if not path.startswith((_PACKAGE_DIR, _TORCH_DIR)) or "/tests/" in path:
-            return f"{frame.f_code.co_filename}:{frame.f_lineno} (in {frame.f_code.co_name})"
+        code = frame.f_code
+        if _is_user_file(code.co_filename):
+            return f"{code.co_filename}:{frame.f_lineno} (in {code.co_name})"
         frame = frame.f_back
     return "<unknown>"
 
