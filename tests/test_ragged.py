@@ -194,3 +194,20 @@ def test_greedy_decoding_with_attention_gives_the_tokens_of_one_at_a_time() -> N
             got, stats = bf.batch_map(decode, sources, scheduler=scheduler, return_stats=True)
             assert got == want
             assert stats.syncs == max(map(len, want)) and stats.ragged_steps > 0
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+def test_cross_entropy_over_rows(reduction: str) -> None:
+    xs = _batch(True, seed=4)
+
+    def loss(x: torch.Tensor) -> torch.Tensor:
+        target = torch.as_tensor([i % 2 - (i % 5 == 3) * 101 for i in range(len(x))])  # some -100
+        return F.cross_entropy(out(_h(x)), target, reduction=reduction)
+
+    got, stats = bf.batch_map(loss, xs, return_stats=True)
+    want = [loss(x) for x in xs]
+    torch.testing.assert_close(torch.stack(got), torch.stack(want), equal_nan=True)
+    for g, w in zip(_grads(got), _grads(want), strict=True):
+        if g is not None and w is not None:
+            torch.testing.assert_close(g, w)
+    assert not stats.fallbacks and stats.ragged_steps > 0

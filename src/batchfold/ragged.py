@@ -44,6 +44,7 @@ _TRANSPOSE = frozenset(named("transpose", "swapaxes"))
 _GETITEM = torch.Tensor.__getitem__
 _INDEX_SELECT = frozenset(named("index_select"))
 _INDEX_ADD = frozenset(named("index_add"))
+_CROSS_ENTROPY = frozenset([F.cross_entropy])
 _RNN = frozenset(f for f in (torch.lstm, torch.gru, torch.rnn_tanh, torch.rnn_relu))
 
 
@@ -126,7 +127,7 @@ def classify(
     kind = _kind(func, rule, args, kwargs, in_metas, ragged_in, rank)
     if kind is None:
         return None
-    if kind == "weighted" or kind == "blockdiag":
+    if kind in ("weighted", "blockdiag") or kind.startswith("cross_entropy"):
         ragged_in = (True, True)
     if kind in ("rows", "elementwise", "mv", "softmax", "log_softmax", "blockdiag"):
         if not all(m.shape and m.shape[0] == length for m in out_metas):
@@ -158,6 +159,8 @@ def _kind(
         return "rows" if type(dim) is int and dim % rank != 0 else None
     if type(args[0] if args else None) is not Slot:
         return None
+    if func in _CROSS_ENTROPY:
+        return _cross_entropy_kind(args, kwargs, metas)
     if func in _LINEAR or func in _EMBEDDING:
         return "rows" if (rank >= 2 or func in _EMBEDDING) and len(metas) == 1 else None
     if func in _DROPOUT:
@@ -236,6 +239,25 @@ def _rowwise_index(index: Any, rank: int) -> bool:
     if index[0] == slice(None) and plain:
         return True
     return index[0] is Ellipsis and plain and len(index) - 1 < rank
+
+
+def _cross_entropy_kind(
+    args: tuple[Any, ...], kwargs: dict[str, Any], metas: tuple[TensorMeta, ...]
+) -> str | None:
+    """``F.cross_entropy`` of ``[L, C]`` logits and ``[L]`` class indices, summed or averaged
+    over the rows: per-row losses on the packed rows, then a segment sum."""
+    if len(args) != 2 or type(args[1]) is not Slot or len(metas) != 2:
+        return None
+    logits, target = metas
+    if len(logits.shape) != 2 or target.shape != logits.shape[:1] or target.dtype != torch.int64:
+        return None
+    plain = {"weight": None, "size_average": None, "reduce": None, "label_smoothing": 0.0}
+    if any(kwargs.get(name, value) != value for name, value in plain.items()):
+        return None
+    if set(kwargs) - {*plain, "reduction", "ignore_index"}:
+        return None
+    reduction = kwargs.get("reduction", "mean")
+    return f"cross_entropy_{reduction}" if reduction in ("sum", "mean") else None
 
 
 def _matmul_kind(args: tuple[Any, ...], metas: tuple[TensorMeta, ...], rank: int) -> str | None:
@@ -332,6 +354,14 @@ def run_family(
         out = _block_diagonal(inputs[0], inputs[1], lengths)
     elif kind == "rnn":
         return _packed_rnn(sig, inputs, lengths)
+    elif kind.startswith("cross_entropy"):
+        logits, target = inputs
+        ignore = sig.template[1].get("ignore_index", -100)
+        rows = F.cross_entropy(logits, target, reduction="none", ignore_index=ignore)
+        out = _segment_sum(rows, segment, n)
+        if kind == "cross_entropy_mean":
+            counted = (target != ignore).to(rows.dtype)
+            out = out / _segment_sum(counted, segment, n)
     elif kind == "index_rows":
         assert sizes is not None
         rows, index = inputs
@@ -479,7 +509,7 @@ def join_family(families: dict[Any, Family], sig: Signature, key: Any) -> None:
         if (
             sig.source is None
             and square < 0
-            and generic_pattern(sig.in_metas) == (ragged_in, length)
+            and member_pattern(sig.func, sig.template, sig.in_metas) == (ragged_in, length)
         ):
             families[("member", family_key(key, ragged_in))] = family
     sig.family, sig.length = family, length
@@ -499,15 +529,34 @@ def generic_pattern(in_metas: tuple[TensorMeta, ...]) -> tuple[tuple[bool, ...],
     return pattern, length
 
 
+def member_pattern(
+    func: Any, template: tuple[Any, Any], in_metas: tuple[TensorMeta, ...]
+) -> tuple[tuple[bool, ...], int] | None:
+    """Which inputs of a call have the node's length, and the length, from the call alone:
+    a recurrent layer's sequence, else the inputs of the highest rank."""
+    if func in _RNN:
+        if not in_metas or len(in_metas[0].shape) != 3 or type(template[0][0]) is not Slot:
+            return None
+        return (True,) + (False,) * (len(in_metas) - 1), in_metas[0].shape[0]
+    if func in _CROSS_ENTROPY and len(in_metas) == 2 and in_metas[0].shape:
+        return (True, True), in_metas[0].shape[0]  # logits [L, C], classes [L]
+    return generic_pattern(in_metas)
+
+
 def member_of(
-    families: dict[Any, Family], key: Any, in_metas: tuple[TensorMeta, ...]
+    families: dict[Any, Family],
+    key: Any,
+    func: Any,
+    template: tuple[Any, Any],
+    in_metas: tuple[TensorMeta, ...],
 ) -> tuple[Family, int, tuple[TensorMeta, ...]] | None:
     """The family a new signature joins and its output metas, known without running the op.
 
-    Only for a family whose inputs have the length of the highest-rank ones, and a length of
-    at least 1 (an op on 0 rows is run once, in case it refuses them as eager PyTorch does).
+    Only for a family whose ragged inputs are those :func:`member_pattern` finds, and a
+    length of at least 1 (an op on 0 rows is run once, in case it refuses them as eager
+    PyTorch does).
     """
-    found = generic_pattern(in_metas)
+    found = member_pattern(func, template, in_metas)
     if found is None or found[1] == 0:
         return None
     family = families.get(("member", family_key(key, found[0])))

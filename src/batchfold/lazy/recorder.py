@@ -27,7 +27,7 @@ from ..errors import (
 from ..execute import Executor
 from ..graph import OUT_BITS, OUT_MASK, Graph, Signature, TensorMeta
 from ..ops import rule_for
-from ..ragged import join_family, member_of
+from ..ragged import Family, join_family, member_of
 from ..schedule import Scheduler, schedule
 from ..stats import Stats
 from .function import BatchedFunction
@@ -214,6 +214,11 @@ class Recorder(TorchFunctionMode):
         lazies: list[Lazy] = []
         targs, tkwargs = template(args, lazies), template(kwargs, lazies)
         in_metas = tuple(lazy._meta for lazy in lazies)
+        member = None
+        if self.ragged and in_metas:
+            member = member_of(self.graph.families, key, func, (targs, tkwargs), in_metas)
+        if member is not None:  # a new length of a known family: all else is its first's
+            return self._member_signature(key, in_metas, *member)
         site = user_site()
         name = func_name(func)
         refuse_value_shaped(name, func, args, Lazy, site)
@@ -222,20 +227,16 @@ class Recorder(TorchFunctionMode):
             rule, eager = func.rule, func.eager
         else:
             rule, eager = rule_for(func, targs, tkwargs, in_metas), None
-        member = member_of(self.graph.families, key, in_metas) if self.ragged else None
-        if member is not None:  # a new length of a known family: its shapes follow from it
-            multi, out_metas = member[0].multi, member[2]
-        else:
-            out = infer_outputs(func, eager, name, site, targs, tkwargs, in_metas, self._meta_cache)
-            multi = None if isinstance(out, Tensor) else type(out)
-            outs = (out,) if isinstance(out, Tensor) else tuple(out)
-            if len(outs) > OUT_MASK + 1:
-                raise UnsupportedOpError(
-                    f"{name} at {site} returns {len(outs)} tensors; batchfold records at most "
-                    f"{OUT_MASK + 1} outputs of one op. Index or slice the tensor instead of "
-                    "unbinding all of it."
-                )
-            out_metas = tuple(TensorMeta.of(tuple(o.shape), o.dtype, device) for o in outs)
+        out = infer_outputs(func, eager, name, site, targs, tkwargs, in_metas, self._meta_cache)
+        multi = None if isinstance(out, Tensor) else type(out)
+        outs = (out,) if isinstance(out, Tensor) else tuple(out)
+        if len(outs) > OUT_MASK + 1:
+            raise UnsupportedOpError(
+                f"{name} at {site} returns {len(outs)} tensors; batchfold records at most "
+                f"{OUT_MASK + 1} outputs of one op. Index or slice the tensor instead of "
+                "unbinding all of it."
+            )
+        out_metas = tuple(TensorMeta.of(tuple(o.shape), o.dtype, device) for o in outs)
         sig = self.graph.signature(
             key,
             func=func,
@@ -249,10 +250,37 @@ class Recorder(TorchFunctionMode):
         )
         sig.grad = 0 if mode == 2 else mode  # inference mode computes as no_grad does
         sig.shared = tuple((t, version(t)) for t in shared_tensors((targs, tkwargs)))
-        if member is not None:
-            sig.family, sig.length = member[0], member[1]
-        elif self.ragged:
+        if self.ragged:
             join_family(self.graph.families, sig, key)
+        return sig
+
+    def _member_signature(
+        self,
+        key: tuple[Any, ...],
+        in_metas: tuple[TensorMeta, ...],
+        family: Family,
+        length: int,
+        out_metas: tuple[TensorMeta, ...],
+    ) -> Signature:
+        """A new length of a family: the same call as its first member's but for the metas.
+
+        Its template, rule, shared tensors, grad mode and checks are the first member's: the
+        key, equal but for the lengths, says the call is the same.
+        """
+        first = self.graph.signatures[family.rep]
+        sig = self.graph.signature(
+            key,
+            func=first.func,
+            rule=first.rule,
+            name=first.name,
+            template=first.template,
+            in_metas=in_metas,
+            out_metas=out_metas,
+            multi=first.multi,
+            site=first.site,
+        )
+        sig.grad, sig.shared = first.grad, first.shared
+        sig.family, sig.length = family, length
         return sig
 
     # -- in-place writes -----------------------------------------------------------------------

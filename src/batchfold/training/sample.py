@@ -69,13 +69,20 @@ def capture() -> Iterator[Capture]:
             seen.runs.append(("blocks", self.last_stats))
         return result
 
-    def step(self: Profile, sig: Any, n: int, gathered: int, outs: Any, seconds: float) -> Any:
-        entry = original_step(self, sig, n, gathered, outs, seconds)
-        rule = getattr(sig.rule, "name", "")
+    def step(
+        self: Profile,
+        sig: Any,
+        n: int,
+        gathered: int,
+        outs: Any,
+        seconds: float,
+        ragged: bool = False,
+    ) -> Any:
+        entry = original_step(self, sig, n, gathered, outs, seconds, ragged)
+        rule = "" if ragged else getattr(sig.rule, "name", "")
         fallback = rule if rule in ("vmap", "loop") else ""
-        seen.steps.append(
-            {"op": sig.name, "batch": n, "forward_ms": seconds * 1e3, "fallback": fallback}
-        )
+        op = f"{sig.name} (ragged)" if ragged else sig.name
+        seen.steps.append({"op": op, "batch": n, "forward_ms": seconds * 1e3, "fallback": fallback})
         return entry
 
     batchfold.batch_map = batch_map  # type: ignore[assignment]
