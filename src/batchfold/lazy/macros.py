@@ -164,6 +164,9 @@ class ModuleCache:
     def call(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """``module(*args, **kwargs)`` inside ``batch_map``: a macro node, or traced op by op."""
         rec = self.rec
+        if rec.ragged and _takes_sequences(args, kwargs):  # each length would be a new key
+            self.misses[f"{type(module).__name__}: {SEQUENCES}"] += 1
+            return _ORIGINAL_CALL(module, *args, **kwargs)
         inputs: list[int] = []
         with torch._C.DisableTorchFunction():  # the key reads tensor versions
             key = (id(module), module.training, grad_mode(), rec.args_key(args, inputs))
@@ -215,10 +218,7 @@ class ModuleCache:
             if not found.ops:
                 return result
             (op, refs, _), *more = found.ops
-            if more and rec.ragged and _takes_sequences(args, kwargs):
-                entry.confirmed, entry.reason = False, SEQUENCES
-                self.misses[f"{name}: {SEQUENCES}"] += 1
-            elif not more and op.in_metas and all(r[0] == 0 for r in refs):
+            if not more and op.in_metas and all(r[0] == 0 for r in refs):
                 # one op: later calls are nodes of that op, batched with the traced ones
                 entry.sig, entry.order = op, [r[1] for r in refs]
                 entry.outs = [o for _, _, o in found.outputs]
@@ -280,12 +280,15 @@ def _arguments(entry: _Entry, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
 
 
 SEQUENCES = (
-    "takes a tensor of 2 or more dims: recorded op by op, so that inputs of different "
-    "lengths batch together (ragged)"
+    "takes a tensor of 2 or more dims: recorded op by op (not traced), so that inputs of "
+    "different lengths batch together (ragged)"
 )
 
 
 def _takes_sequences(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a call gets a lazy tensor of 2 or more dims (a sequence, say)."""
+    if not kwargs and all(type(a) is not tuple and type(a) is not list for a in args):
+        return any(type(a) is Lazy and len(a._meta.shape) >= 2 for a in args)
     lazies: list[Lazy] = []
     template((args, kwargs), lazies)
     return any(len(lazy._meta.shape) >= 2 for lazy in lazies)
