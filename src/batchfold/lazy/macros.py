@@ -287,11 +287,21 @@ SEQUENCES = (
 
 def _takes_sequences(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """Whether a call gets a lazy tensor of 2 or more dims (a sequence, say)."""
-    if not kwargs and all(type(a) is not tuple and type(a) is not list for a in args):
-        return any(type(a) is Lazy and len(a._meta.shape) >= 2 for a in args)
-    lazies: list[Lazy] = []
-    template((args, kwargs), lazies)
-    return any(len(lazy._meta.shape) >= 2 for lazy in lazies)
+    return _any_sequence(args) or (bool(kwargs) and _any_sequence(kwargs.values()))
+
+
+def _any_sequence(items: Any) -> bool:
+    for item in items:
+        kind = type(item)
+        if kind is Lazy:
+            found = len(item._meta.shape) >= 2
+        elif kind is tuple or kind is list or kind is dict:
+            found = _any_sequence(item.values() if kind is dict else item)
+        else:
+            continue
+        if found:
+            return True
+    return False
 
 
 def _has_hooks(module: nn.Module) -> bool:
