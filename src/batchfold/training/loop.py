@@ -190,7 +190,7 @@ def _train_epoch(
         total=len(items),
         desc=f"epoch {epoch}/{args.epochs}",
         unit=f" {task.unit}",
-        disable=_progress_disabled(args) or not ranks.main,
+        disable=_progress_disabled(args) if ranks.main else True,
         leave=False,
         dynamic_ncols=True,
     ) as bar:
