@@ -23,7 +23,6 @@ Writes ``benchmarks/results/lazy[-quick].json`` and ``.md``.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import time
@@ -39,7 +38,7 @@ from torch import nn
 import batchfold as bf
 from baselines import make_batches
 from batchfold.models.tree_lstm import TreeLSTMClassifier, tree_node_losses
-from machine import describe_machine, markdown_table
+from machine import describe_machine, markdown_table, write_results
 
 RESULTS = Path(__file__).resolve().parent / "results"
 Loss = Callable[[Sequence[Any]], tuple[torch.Tensor, "bf.Stats | None"]]
@@ -263,10 +262,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     sizes = args.batch_sizes or ([64] if args.quick else [64, 256])
     results = run(args.quick, args.threads, sizes)
     stem = "lazy-quick" if args.quick else "lazy"
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{stem}.json").write_text(json.dumps(results, indent=1))
-    (args.out / f"{stem}.md").write_text(summary(results))
-    print(summary(results))
+    write_results(args.out, stem, results, summary(results))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ Writes ``benchmarks/results/ragged[-quick].json`` and ``.md``.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import time
@@ -42,7 +41,7 @@ from torch import nn
 import batchfold as bf
 from batchfold.models.attention import AttentionClassifier
 from bench_lazy import check, time_training
-from machine import describe_machine, markdown_table
+from machine import describe_machine, markdown_table, write_results
 
 RESULTS = Path(__file__).resolve().parent / "results"
 Loss = Callable[[Sequence[Any]], tuple[torch.Tensor, "bf.Stats | None"]]
@@ -337,10 +336,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     results = run(args.quick, args.threads, args.batch_size)
     stem = "ragged-quick" if args.quick else "ragged"
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{stem}.json").write_text(json.dumps(results, indent=1))
-    (args.out / f"{stem}.md").write_text(summary(results))
-    print(summary(results))
+    write_results(args.out, stem, results, summary(results))
 
 
 if __name__ == "__main__":

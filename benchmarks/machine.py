@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
 import subprocess
@@ -55,6 +56,14 @@ def describe_machine(threads: int) -> dict[str, Any]:
         "commit": commit,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def write_results(out: Path, stem: str, results: dict[str, Any], summary: str) -> None:
+    """Write ``<out>/<stem>.json`` and the markdown ``summary`` as ``<stem>.md``; print it."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(results, indent=1))
+    (out / f"{stem}.md").write_text(summary)
+    print(summary)
 
 
 def markdown_table(head: list[str], rows: list[list[Any]]) -> str:
