@@ -91,6 +91,7 @@ class Signature:
         "shared",
         "family",
         "length",
+        "pool",
     )
 
     def __init__(
@@ -118,6 +119,7 @@ class Signature:
         self.shared: tuple[tuple[torch.Tensor, int], ...] = ()
         self.family: Any = None  # a ragged.Family this signature batches with, if any
         self.length = 0  # in a family: the length of its ragged leading dim
+        self.pool = id  # the signature whose pending buffer holds this one's nodes
 
     def __repr__(self) -> str:
         ins = ", ".join(map(repr, self.in_metas))
@@ -130,15 +132,18 @@ class Pending:
 
     ``nodes`` are global node ids; ``inputs`` one row of ``len(sig.in_metas)`` value ids per
     node; ``instances`` the instance of each node; ``payloads`` the value of each source node.
+    The buffer of a ragged family's first signature holds the nodes of every member, and
+    ``members`` the signature of each (the scheduler groups them as one).
     """
 
-    __slots__ = ("nodes", "inputs", "instances", "payloads")
+    __slots__ = ("nodes", "inputs", "instances", "payloads", "members")
 
     def __init__(self) -> None:
         self.nodes: list[int] = []
         self.inputs: list[int] = []
         self.instances: list[int] = []
         self.payloads: list[Any] = []
+        self.members: list[int] = []
 
 
 class Graph:
@@ -202,12 +207,14 @@ class Graph:
                 depth = depths[producer] + 1
         node = base + len(depths)
         depths.append(depth)
-        pending = self.pending_of[sig.id]
+        pending = self.pending_of[sig.pool]
         pending.nodes.append(node)
         pending.inputs.extend(inputs)
         pending.instances.append(instance)
         if payload is not None:
             pending.payloads.append(payload)
+        if sig.family is not None:
+            pending.members.append(sig.id)
         return node << OUT_BITS
 
     @property
@@ -216,10 +223,11 @@ class Graph:
         return len(self.node_depth)
 
     def pending_arrays(self) -> tuple[np.ndarray, np.ndarray, dict[int, np.ndarray]]:
-        """Signature id and depth of every pending node, and each signature's pending nodes.
+        """Buffer and depth of every pending node, and each buffer's pending nodes.
 
-        Nodes are numbered from the segment's first node (``node - node_base``); all arrays
-        are int64.
+        A node's buffer is its signature's, or for a ragged family's member, the first
+        member's (see :meth:`node_signatures`). Nodes are numbered from the segment's first
+        node (``node - node_base``); all arrays are int64.
         """
         sig_of = np.zeros(len(self.node_depth), dtype=np.int64)
         members = {}
@@ -228,6 +236,16 @@ class Graph:
                 local = members[sig_id] = np.asarray(pending.nodes, dtype=np.int64) - self.node_base
                 sig_of[local] = sig_id
         return sig_of, np.asarray(self.node_depth, dtype=np.int64), members
+
+    def node_signatures(self, sig_of: np.ndarray, members: dict[int, np.ndarray]) -> np.ndarray:
+        """Each pending node's own signature, from :meth:`pending_arrays`' first and last."""
+        own = sig_of
+        for sig_id, local in members.items():
+            pool = self.pending_of[sig_id].members
+            if pool:
+                own = sig_of.copy() if own is sig_of else own
+                own[local] = pool
+        return own
 
     def clear_pending(self) -> None:
         """Start a new segment: everything recorded so far has been run."""
@@ -274,8 +292,11 @@ class Graph:
         def fail(sig: Signature, message: str) -> GraphError:
             return GraphError(f"{sig} (recorded at {sig.site or 'an unknown site'}): {message}")
 
+        pool_of: list[Signature | None] = [None] * count  # the buffer of each pending node
         for sig, pending in zip(self.signatures, self.pending_of, strict=True):
             n, width = len(pending.nodes), len(sig.in_metas)
+            if pending.members and len(pending.members) != n:
+                raise fail(sig, f"{len(pending.members)} member signatures for {n} nodes")
             if len(pending.inputs) != width * n:
                 raise fail(sig, f"{len(pending.inputs)} input value ids for {n} nodes of {width}")
             if len(pending.instances) != n:
@@ -290,7 +311,11 @@ class Graph:
                 other = owner[node - base]
                 if other is not None:
                     raise fail(sig, f"node {node} also belongs to {other}")
-                owner[node - base], row[node - base] = sig, i
+                member = self.signatures[pending.members[i]] if pending.members else sig
+                if member.pool != sig.id:
+                    raise fail(sig, f"node {node} of {member} is in the buffer of {sig}")
+                owner[node - base], row[node - base] = member, i
+                pool_of[node - base] = sig
                 if pending.instances[i] < 0:
                     raise fail(sig, f"node {node} has instance {pending.instances[i]}")
         for local, sig in enumerate(owner):
@@ -298,7 +323,9 @@ class Graph:
                 raise GraphError(f"pending node {base + local} belongs to no signature")
             node, width = base + local, len(sig.in_metas)
             depth = 0
-            reads = self.pending_of[sig.id].inputs[row[local] * width : (row[local] + 1) * width]
+            pool = pool_of[local]
+            assert pool is not None
+            reads = self.pending_of[pool.id].inputs[row[local] * width : (row[local] + 1) * width]
             for j, v in enumerate(reads):
                 producer, out = v >> OUT_BITS, v & OUT_MASK
                 if v < 0 or producer >= node:
@@ -332,10 +359,11 @@ class Graph:
 
     def __str__(self) -> str:
         lines = []
-        for sig, pending in zip(self.signatures, self.pending_of, strict=True):
-            width = len(sig.in_metas)
-            outs = ", ".join(map(repr, sig.out_metas))
+        for pool, pending in zip(self.signatures, self.pending_of, strict=True):
+            width = len(pool.in_metas)
             for i, node in enumerate(pending.nodes):
+                sig = self.signatures[pending.members[i]] if pending.members else pool
+                outs = ", ".join(map(repr, sig.out_metas))
                 args = ", ".join(
                     f"v{v >> OUT_BITS}.{v & OUT_MASK}"
                     for v in pending.inputs[i * width : (i + 1) * width]

@@ -86,16 +86,21 @@ def family_key(key: Any, ragged_in: tuple[bool, ...], square: int = -1) -> Any:
     """
     count = [0]
 
-    def replace(part: Any) -> Any:
-        if type(part) is TensorMeta:
-            i = count[0]
-            count[0] += 1
-            if i == square:
-                return ("square", part.dtype, part.device)
-            return ragged_meta(part) if ragged_in[i] else part
-        if type(part) is tuple:
-            return tuple(replace(item) for item in part)
-        return part
+    def replace(part: tuple[Any, ...]) -> tuple[Any, ...]:
+        out = []
+        for item in part:
+            kind = type(item)
+            if kind is TensorMeta:
+                i = count[0]
+                count[0] = i + 1
+                if i == square:
+                    item = ("square", item.dtype, item.device)
+                elif ragged_in[i]:
+                    item = ("ragged", item.shape[1:], item.dtype, item.device)
+            elif kind is tuple:
+                item = replace(item)
+            out.append(item)
+        return tuple(out)
 
     return replace(key)
 
@@ -509,33 +514,42 @@ def join_family(families: dict[Any, Family], sig: Signature, key: Any) -> None:
         if (
             sig.source is None
             and square < 0
-            and member_pattern(sig.func, sig.template, sig.in_metas) == (ragged_in, length)
+            and member_pattern(sig.func, _first_is_slot(sig), sig.in_metas) == (ragged_in, length)
         ):
             families[("member", family_key(key, ragged_in))] = family
-    sig.family, sig.length = family, length
+    sig.family, sig.length, sig.pool = family, length, family.rep
 
 
 def generic_pattern(in_metas: tuple[TensorMeta, ...]) -> tuple[tuple[bool, ...], int] | None:
     """Which inputs have the node's length ``L`` (those of the highest rank), and ``L``."""
-    if not in_metas:
-        return None
-    rank = max(len(m.shape) for m in in_metas)
+    rank, length = 0, 0
+    for m in in_metas:
+        if len(m.shape) > rank:
+            rank, length = len(m.shape), m.shape[0]
     if rank == 0:
         return None
-    length = next(m.shape[0] for m in in_metas if len(m.shape) == rank)
-    pattern = tuple(len(m.shape) == rank and m.shape[0] == length for m in in_metas)
-    if any(len(m.shape) == rank and not r for m, r in zip(in_metas, pattern, strict=True)):
-        return None
-    return pattern, length
+    pattern = []
+    for m in in_metas:
+        top = len(m.shape) == rank
+        if top and m.shape[0] != length:
+            return None
+        pattern.append(top)
+    return tuple(pattern), length
+
+
+def _first_is_slot(sig: Signature) -> bool:
+    args = sig.template[0]
+    return bool(args) and type(args[0]) is Slot
 
 
 def member_pattern(
-    func: Any, template: tuple[Any, Any], in_metas: tuple[TensorMeta, ...]
+    func: Any, first_lazy: bool, in_metas: tuple[TensorMeta, ...]
 ) -> tuple[tuple[bool, ...], int] | None:
     """Which inputs of a call have the node's length, and the length, from the call alone:
-    a recurrent layer's sequence, else the inputs of the highest rank."""
+    a recurrent layer's sequence (its first argument, lazy), else the inputs of the highest
+    rank."""
     if func in _RNN:
-        if not in_metas or len(in_metas[0].shape) != 3 or type(template[0][0]) is not Slot:
+        if not in_metas or len(in_metas[0].shape) != 3 or not first_lazy:
             return None
         return (True,) + (False,) * (len(in_metas) - 1), in_metas[0].shape[0]
     if func in _CROSS_ENTROPY and len(in_metas) == 2 and in_metas[0].shape:
@@ -547,7 +561,7 @@ def member_of(
     families: dict[Any, Family],
     key: Any,
     func: Any,
-    template: tuple[Any, Any],
+    first_lazy: bool,
     in_metas: tuple[TensorMeta, ...],
 ) -> tuple[Family, int, tuple[TensorMeta, ...]] | None:
     """The family a new signature joins and its output metas, known without running the op.
@@ -556,7 +570,7 @@ def member_of(
     length of at least 1 (an op on 0 rows is run once, in case it refuses them as eager
     PyTorch does).
     """
-    found = member_pattern(func, template, in_metas)
+    found = member_pattern(func, first_lazy, in_metas)
     if found is None or found[1] == 0:
         return None
     family = families.get(("member", family_key(key, found[0])))

@@ -143,17 +143,15 @@ def schedule(
         positions[local] = np.arange(len(local))
         sig_inputs = graph.pending_of[sig_id].inputs
         inputs[sig_id] = np.asarray(sig_inputs, dtype=np.int64).reshape(len(local), -1)
-    group_of = sig_of  # the nodes of a ragged family group as one signature's
-    if graph.families:
-        rep = [sig.id if sig.family is None else sig.family.rep for sig in graph.signatures]
-        group_of = np.asarray(rep, dtype=np.int64)[sig_of]
+    # a ragged family's nodes share one buffer (sig_of), so they group as one signature's
     if scheduler == "depth":
-        order, bounds = by_depth(group_of, depth)
+        order, bounds = by_depth(sig_of, depth)
     else:
         expensive = np.array([not sig.rule.cheap for sig in graph.signatures], dtype=np.int64)
         consumers, producers = pending_edges(members, inputs, graph.node_base)
-        order, bounds = by_agenda(group_of, depth, expensive, consumers, producers)
-    layout = _Layout(graph, order, bounds, sig_of, first_step, locations)
+        order, bounds = by_agenda(sig_of, depth, expensive, consumers, producers)
+    own = graph.node_signatures(sig_of, members)
+    layout = _Layout(graph, order, bounds, sig_of, own, first_step, locations)
     first = np.zeros(len(sig_of), dtype=np.int64)  # each node's first input value
     for sig_id, table in inputs.items():
         if table.shape[1]:
@@ -193,17 +191,18 @@ class _Layout:
         order: np.ndarray,
         bounds: list[int],
         sig_of: np.ndarray,
+        own: np.ndarray,
         first_step: int,
         locations: tuple[np.ndarray, np.ndarray] | None,
     ) -> None:
         empty = np.zeros(0, dtype=np.int64)
         self.graph, self.base, self.first_step = graph, graph.node_base, first_step
-        self.order, self.bounds, self.sig_of = order, bounds, sig_of
+        self.order, self.bounds, self.sig_of, self.own = order, bounds, sig_of, own
         self.old_step, self.old_row = locations if locations is not None else (empty, empty)
         n = len(order)
         self.starts = np.asarray(bounds[:-1], dtype=np.int64)
         self.sizes = np.diff(np.asarray(bounds, dtype=np.int64))
-        self.step_sig = sig_of[order[self.starts]]
+        self.step_sig = own[order[self.starts]]  # in a family's mixed step, one member's
         widths = np.array([len(sig.in_metas) for sig in graph.signatures], dtype=np.int64)
         self.width = widths[self.step_sig] if n else empty
         self.node_step = np.empty(n, dtype=np.int64)
@@ -269,9 +268,9 @@ class _Layout:
         """The plan, once :meth:`order_rows` has run."""
         order, bounds, first_step = self.order, self.bounds, self.first_step
         positions = positions[order]
-        node_sig = self.sig_of[order]
+        node_pool, node_sig = self.sig_of[order], self.own[order]
         lengths = self._lengths(node_sig)
-        parts, source, part_ptr, orders = self._gathers(positions, inputs, node_sig)
+        parts, source, part_ptr, orders = self._gathers(positions, inputs, node_pool)
         fanouts = _fan_out(parts, source, first_step, self.sizes, self._packed(lengths))
         gathers = [
             Gather(tuple(parts[a:b]), o)
@@ -287,7 +286,7 @@ class _Layout:
                 positions[a:b],
                 tuple(gathers[input_ptr[s] : input_ptr[s + 1]]),
                 tuple(fanouts.get(s, ())),
-                _payloads(pending, node_sig[a:b], positions[a:b])
+                _payloads(pending[int(node_pool[a])].payloads, positions[a:b])
                 if sigs[sig].source is not None
                 else None,
                 lengths.get(s),
@@ -323,7 +322,7 @@ class _Layout:
         return packed
 
     def _gathers(
-        self, positions: np.ndarray, inputs: dict[int, np.ndarray], node_sig: np.ndarray
+        self, positions: np.ndarray, inputs: dict[int, np.ndarray], node_pool: np.ndarray
     ) -> tuple[list[Part], np.ndarray, list[int], list[np.ndarray | None]]:
         """Every step input's gather, for all steps at once.
 
@@ -340,7 +339,7 @@ class _Layout:
         # input c of step s: entries cell_start[s] + c * sizes[s] + row, a value id per row
         values = np.empty(int(cells.sum()), dtype=np.int64)
         step_of = np.repeat(np.arange(len(sizes)), sizes)  # step of each row of the plan
-        sig_of = node_sig
+        sig_of = node_pool
         by_sig = np.argsort(sig_of, kind="stable")
         for rows in np.split(by_sig, np.flatnonzero(np.diff(sig_of[by_sig])) + 1):
             table = inputs[int(sig_of[rows[0]])] if len(rows) else None
@@ -458,8 +457,5 @@ def _rows(part: Part) -> np.ndarray:
     return part[2]
 
 
-def _payloads(pending: list[Any], sigs: np.ndarray, positions: np.ndarray) -> list[Any]:
-    if sigs[0] == sigs[-1] and (len(sigs) < 3 or not np.any(sigs != sigs[0])):
-        payloads = pending[int(sigs[0])].payloads
-        return [payloads[p] for p in positions.tolist()]
-    return [pending[s].payloads[p] for s, p in zip(sigs.tolist(), positions.tolist(), strict=True)]
+def _payloads(payloads: list[Any], positions: np.ndarray) -> list[Any]:
+    return [payloads[p] for p in positions.tolist()]

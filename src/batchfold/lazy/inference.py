@@ -17,6 +17,7 @@ from ..errors import DeviceError, DtypeError, ShapeError, UnsupportedOpError
 from ..graph import Slot, TensorMeta
 from ..ops import fill
 from .semantics import is_random
+from .tensor import Lazy
 
 Tensor = torch.Tensor
 # what an op raises when its inputs do not fit; anything else is not a shape problem
@@ -26,8 +27,6 @@ _NOT_INPUT_ERRORS = (RecursionError, MemoryError, NotImplementedError)
 
 def template(obj: Any, lazies: list[Any]) -> Any:
     """The argument structure with each lazy value replaced by a :class:`Slot`, in order."""
-    from .tensor import Lazy
-
     kind = type(obj)
     if kind is Lazy:
         lazies.append(obj)
@@ -37,6 +36,19 @@ def template(obj: Any, lazies: list[Any]) -> Any:
     if kind is dict:
         return {name: template(item, lazies) for name, item in obj.items()}
     return obj
+
+
+def lazy_metas(obj: Any, metas: list[TensorMeta]) -> None:
+    """Append the meta of every lazy value in ``obj`` (nested tuples, lists, dicts), in order."""
+    kind = type(obj)
+    if kind is Lazy:
+        metas.append(obj._meta)
+    elif kind is tuple or kind is list:
+        for item in obj:
+            lazy_metas(item, metas)
+    elif kind is dict:
+        for item in obj.values():
+            lazy_metas(item, metas)
 
 
 def shared_tensors(tree: Any) -> list[Tensor]:

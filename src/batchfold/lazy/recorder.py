@@ -31,7 +31,7 @@ from ..ragged import Family, join_family, member_of
 from ..schedule import Scheduler, schedule
 from ..stats import Stats
 from .function import BatchedFunction
-from .inference import check_inputs, infer_outputs, shared_tensors, template
+from .inference import check_inputs, infer_outputs, lazy_metas, shared_tensors, template
 from .macros import ModuleCache, Trace
 from .semantics import VIEW_NAMES, in_place_form, is_random, refuse_value_shaped
 from .sites import func_name, user_site, version
@@ -211,14 +211,17 @@ class Recorder(TorchFunctionMode):
         mode: int,
     ) -> Signature:
         """Make the signature of a new kind of node: template, rule, output shapes, checks."""
+        if self.ragged and self.graph.families:
+            metas: list[TensorMeta] = []
+            lazy_metas(args, metas)
+            lazy_metas(kwargs, metas)
+            first_lazy = bool(args) and type(args[0]) is Lazy
+            member = member_of(self.graph.families, key, func, first_lazy, tuple(metas))
+            if member is not None:  # a new length of a known family: all else is its first's
+                return self._member_signature(key, tuple(metas), *member)
         lazies: list[Lazy] = []
         targs, tkwargs = template(args, lazies), template(kwargs, lazies)
         in_metas = tuple(lazy._meta for lazy in lazies)
-        member = None
-        if self.ragged and in_metas:
-            member = member_of(self.graph.families, key, func, (targs, tkwargs), in_metas)
-        if member is not None:  # a new length of a known family: all else is its first's
-            return self._member_signature(key, in_metas, *member)
         site = user_site()
         name = func_name(func)
         refuse_value_shaped(name, func, args, Lazy, site)
@@ -280,7 +283,7 @@ class Recorder(TorchFunctionMode):
             site=first.site,
         )
         sig.grad, sig.shared = first.grad, first.shared
-        sig.family, sig.length = family, length
+        sig.family, sig.length, sig.pool = family, length, family.rep
         return sig
 
     # -- in-place writes -----------------------------------------------------------------------
