@@ -211,3 +211,20 @@ def test_cross_entropy_over_rows(reduction: str) -> None:
         if g is not None and w is not None:
             torch.testing.assert_close(g, w)
     assert not stats.fallbacks and stats.ragged_steps > 0
+
+
+def test_graphs_of_several_lengths_pass_the_graph_lint(monkeypatch: pytest.MonkeyPatch) -> None:
+    from batchfold.lazy.recorder import Recorder
+
+    flush = Recorder.flush
+    linted = []
+
+    def lint_then_flush(self: Recorder) -> None:
+        self.graph.lint()  # every node's own signature, in its family's shared buffer
+        linted.append(any(p.members for p in self.graph.pending_of))
+        flush(self)
+
+    monkeypatch.setattr(Recorder, "flush", lint_then_flush)
+    for fn, nonempty in CASES.values():
+        bf.batch_map(fn, _batch(nonempty, seed=1))
+    assert any(linted)
