@@ -228,3 +228,19 @@ def test_graphs_of_several_lengths_pass_the_graph_lint(monkeypatch: pytest.Monke
     for fn, nonempty in CASES.values():
         bf.batch_map(fn, _batch(nonempty, seed=1))
     assert any(linted)
+
+
+def test_a_shared_tensor_that_fixes_the_length_is_refused_at_every_new_length() -> None:
+    side = torch.zeros(3, 1, dtype=torch.float64)  # fits sequences of 3 rows only
+
+    def join(x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([_h(x), side], -1)
+
+    xs = [torch.randn(3, 2, dtype=torch.float64), torch.randn(3, 2, dtype=torch.float64)]
+    torch.testing.assert_close(
+        torch.stack(bf.batch_map(join, xs)), torch.stack([join(x) for x in xs])
+    )
+    with pytest.raises(RuntimeError):
+        join(torch.randn(4, 2, dtype=torch.float64))
+    with pytest.raises(bf.ShapeError, match="cat"):  # not skipped as a known family's length
+        bf.batch_map(join, [*xs, torch.randn(4, 2, dtype=torch.float64)])

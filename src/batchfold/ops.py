@@ -222,7 +222,8 @@ register(
 # ops with a dimension argument: per-instance dim d is batched dim d + 1 --------------------
 
 
-def _dim_arg(args: tuple[Any, ...], kwargs: dict[str, Any], pos: int, default: Any) -> Any:
+def dim_arg(args: tuple[Any, ...], kwargs: dict[str, Any], pos: int, default: Any) -> Any:
+    """An op's ``dim`` argument: by keyword, else at position ``pos``, else ``default``."""
     if "dim" in kwargs:
         return kwargs["dim"]
     return args[pos] if len(args) > pos else default
@@ -249,14 +250,14 @@ def dimwise(pos: int, default: Any = 0, extra_rank: int = 0, cheap: bool = False
     def batched(sig: Signature, inputs: list[Tensor], n: int) -> Any:
         args, kwargs = sig.template
         rank = len(sig.in_metas[0].shape) + extra_rank
-        dim = _dim_arg(args, kwargs, pos, default)
+        dim = dim_arg(args, kwargs, pos, default)
         args, kwargs = _with_dim(fill(args, inputs), fill(kwargs, inputs), pos, _shift(dim, rank))
         return sig.func(*args, **kwargs)
 
     def applies(
         args: tuple[Any, ...], kwargs: dict[str, Any], metas: tuple[TensorMeta, ...]
     ) -> bool:
-        dim = _dim_arg(args, kwargs, pos, default)
+        dim = dim_arg(args, kwargs, pos, default)
         return dim is not None and type(args[0]) is Slot
 
     return OpRule("dim+1", batched, cheap=cheap, applies=applies)
@@ -274,7 +275,7 @@ def reduction() -> OpRule:
 
     def batched(sig: Signature, inputs: list[Tensor], n: int) -> Any:
         args, kwargs = sig.template
-        if _dim_arg(args, kwargs, 1, None) is not None:
+        if dim_arg(args, kwargs, 1, None) is not None:
             return by_dim.batched(sig, inputs, n)
         out = sig.func(inputs[0].reshape(n, -1), 1, **kwargs)
         return out[0] if sig.multi is None and isinstance(out, tuple) else out  # max() -> values
@@ -284,7 +285,7 @@ def reduction() -> OpRule:
     ) -> bool:
         if type(args[0]) is not Slot:
             return False
-        dim = _dim_arg(args, kwargs, 1, None)
+        dim = dim_arg(args, kwargs, 1, None)
         if dim is None:
             return len(args) == 1 and kwargs.keys() <= {"dtype"}
         return type(dim) is int or (type(dim) in (tuple, list) and not has_slot(dim))
@@ -311,7 +312,7 @@ def listwise(extra_rank: int) -> OpRule:
         args, kwargs = sig.template
         first = next(a for a in args[0] if type(a) is Slot)
         rank = len(sig.in_metas[first.index].shape) + extra_rank
-        dim = _shift(_dim_arg(args, kwargs, 1, 0), rank)
+        dim = _shift(dim_arg(args, kwargs, 1, 0), rank)
         parts = [inputs[a.index] if type(a) is Slot else a.expand(n, *a.shape) for a in args[0]]
         return sig.func(parts, dim)
 

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from .graph import Signature, Slot, TensorMeta
 from .opbase import call_one, named
-from .ops import ROWWISE, zero_d_casts
+from .ops import ROWWISE, dim_arg, zero_d_casts
 
 Tensor = torch.Tensor
 
@@ -160,7 +160,9 @@ def _kind(
             return None
         return "elementwise"
     if func in _CAT:
-        dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+        dim = dim_arg(args, kwargs, 1, 0)
+        if not all(type(t) is Slot for t in args[0]):  # a shared tensor fixes the length
+            return None
         return "rows" if type(dim) is int and dim % rank != 0 else None
     if type(args[0] if args else None) is not Slot:
         return None
@@ -296,7 +298,7 @@ def _dim_kind(
         return None
     if kwargs.get("keepdim") or (len(args) > 2 and args[2] is not False):
         return None
-    dim = kwargs["dim"] if "dim" in kwargs else args[1] if len(args) > 1 else None
+    dim = dim_arg(args, kwargs, 1, None)
     if dim is None and len(args) == 1 and not kwargs and func in _REDUCE:
         name = _REDUCE[func]  # over every element: a segment reduction of the flat rows
         return f"{name}_all" if name in ("sum", "mean") else None
