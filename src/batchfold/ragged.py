@@ -69,7 +69,6 @@ class Family:
     rep: int
     square: int = -1  # "blockdiag": the input that is [L, L] per node, gathered flat
     outs: tuple[TensorMeta, ...] = ()  # the first member's output metas
-    multi: type | None = None  # the first member's output structure
     secondary: tuple[int, ...] = ()  # ragged inputs whose length is not the node's
 
 
@@ -509,7 +508,6 @@ def join_family(families: dict[Any, Family], sig: Signature, key: Any) -> None:
             sig.id,
             square,
             sig.out_metas,
-            sig.multi,
             secondary,
         )
         families[fkey] = family
