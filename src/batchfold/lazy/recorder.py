@@ -43,6 +43,9 @@ Tensor = torch.Tensor
 _grad_enabled = torch.is_grad_enabled
 _inference_mode = torch.is_inference_mode_enabled
 _LEADING = ("input", "tensors", "self")  # parameter names that come first when passed by name
+_TENSOR = torch.tensor
+_NUMBERS = frozenset((int, float, bool))
+_PLAIN = frozenset((type(None), str, int, float, bool))  # keyword values keyed as they are
 
 
 class Recorder(TorchFunctionMode):
@@ -80,6 +83,7 @@ class Recorder(TorchFunctionMode):
         """Record ``func(*args, **kwargs)`` for the current instance; returns lazy output(s).
 
         A call with no lazy argument runs at once (factories make per-instance constants).
+        This is the recorder's hot path: the argument key is built inline.
         """
         if self.closed:
             raise LazyValueError(LAZY_AFTER_RUN.format(what=f"{func_name(func)}()"))
@@ -89,18 +93,34 @@ class Recorder(TorchFunctionMode):
                 args = (kwargs.pop(first),)
             if kwargs.get("inplace") is True or kwargs.get("out") is not None:
                 return self._in_place_keyword(func, args, kwargs)
+        if func is _TENSOR and len(args) == 1 and type(args[0]) in _NUMBERS:
+            lazy = self.sources.number(args[0], kwargs)  # torch.tensor(word_id), the common case
+            if lazy is not None:
+                return lazy
         inputs: list[int] = []
-        parts = self.args_key(args, inputs)
+        parts = []
+        for a in args:  # args_key, inline
+            kind = type(a)
+            if kind is Lazy:
+                if a._rec is not self:
+                    raise LazyValueError(LAZY_AFTER_RUN.format(what="use"))
+                inputs.append(a._vid)
+                parts.append(a._meta)
+            elif kind is int or kind is float or kind is bool:
+                parts.append((kind, a))
+            else:
+                parts.append(self._key(a, inputs))
         if not inputs and func in FACTORIES and not has_lazy((), kwargs):
             return self.sources.make(func, args, kwargs)
         mode = 2 if _inference_mode() else 1 if _grad_enabled() else 0  # grad_mode(), inline
         if kwargs:
-            key = (func, parts, self.kwargs_key(kwargs, inputs), mode)
+            key = (func, tuple(parts), self.kwargs_key(kwargs, inputs), mode)
         else:
-            key = (func, parts, mode)
+            key = (func, tuple(parts), mode)
         if not inputs:
             return self._eager(func, args, kwargs, key)
-        sig = self.graph.lookup(key)
+        graph = self.graph
+        sig = graph._by_key.get(key)
         if sig is None:  # in-place calls never get a signature: they record their out-of-place form
             name = getattr(func, "__name__", "")
             if name[-1:] == "_" and name[:1] != "_":
@@ -108,18 +128,17 @@ class Recorder(TorchFunctionMode):
             sig = self._signature(key, func, args, kwargs, mode)
             if name in VIEW_NAMES:
                 self._view_sigs.add(sig.id)
-        first = self.graph.add(sig, inputs, self.instance)
+        first = graph.add(sig, inputs, self.instance)
         if self.trace is not None:
             self.trace.ops.append((sig, tuple(inputs), first, None))
         if sig.multi is None:
             out = Lazy(self, first, sig.out_metas[0])
             if sig.id in self._view_sigs:
-                self._mark_view(out, args[0])
+                self._mark_views((out,), args[0])
             return out
         outs = [Lazy(self, first + i, meta) for i, meta in enumerate(sig.out_metas)]
         if sig.id in self._view_sigs:
-            for out in outs:
-                self._mark_view(out, args[0])
+            self._mark_views(outs, args[0])
         return tuple(outs) if sig.multi is tuple else sig.multi(outs)
 
     def args_key(self, args: tuple[Any, ...], inputs: list[int]) -> tuple[Any, ...]:
@@ -139,7 +158,16 @@ class Recorder(TorchFunctionMode):
         return tuple(parts)
 
     def kwargs_key(self, kwargs: dict[str, Any], inputs: list[int]) -> tuple[Any, ...]:
-        """The key of keyword arguments (see :meth:`_key`), flat ones without recursion."""
+        """The key of keyword arguments (see :meth:`_key`).
+
+        Keywords of plain values only (``None``, strings, numbers: ``F.cross_entropy``'s
+        ``ignore_index=-100, reduction="mean"``) are keyed by names, values and types in one
+        go; the types keep ``1``, ``1.0`` and ``True`` apart, which compare equal.
+        """
+        values = tuple(kwargs.values())
+        types = tuple(map(type, values))
+        if _PLAIN.issuperset(types):
+            return (tuple(kwargs), values, types)
         parts = []
         for name, value in kwargs.items():
             kind = type(value)
@@ -164,7 +192,9 @@ class Recorder(TorchFunctionMode):
         if kind is dict:
             return (dict, *self.kwargs_key(obj, inputs))
         if isinstance(obj, Tensor):
-            return (id(obj), version(obj))  # shared, by identity; the signature keeps it alive
+            with torch._C.DisableTorchFunction():  # the mode would see the version read
+                seen = version(obj)
+            return (id(obj), seen)  # shared, by identity; the signature keeps it alive
         if kind is int or kind is float or kind is bool:
             return (kind, obj)
         if kind is slice:
@@ -288,16 +318,21 @@ class Recorder(TorchFunctionMode):
 
     # -- in-place writes -----------------------------------------------------------------------
 
-    def _mark_view(self, out: Lazy, base: Any) -> None:
-        """Note that ``out`` may share memory with ``base`` and with what ``base`` views."""
+    def _mark_views(self, outs: Any, base: Any) -> None:
+        """Note that ``outs`` may share memory with ``base`` and with what ``base`` views."""
         if type(base) is not Lazy:
             return
-        out._view = (weakref.ref(base), *(base._view or ()))
-        ref = weakref.ref(out)
-        self._views_of.setdefault(base._vid, []).append(ref)
-        for ancestor in base._view or ():
+        above = base._view
+        chain = (weakref.ref(base), *above) if above else (weakref.ref(base),)
+        refs = []
+        for out in outs:
+            out._view = chain
+            refs.append(weakref.ref(out))
+        views_of = self._views_of
+        views_of.setdefault(base._vid, []).extend(refs)
+        for ancestor in above or ():
             if (alive := ancestor()) is not None:
-                self._views_of.setdefault(alive._vid, []).append(ref)
+                views_of.setdefault(alive._vid, []).extend(refs)
 
     def write(
         self, target: Lazy, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], what: str

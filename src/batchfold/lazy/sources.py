@@ -52,6 +52,7 @@ FACTORIES = frozenset(
     )
 )
 _SCALAR_DTYPES: dict[type, torch.dtype | None] = {int: torch.int64, bool: torch.bool, float: None}
+_NUMBER_KEYWORDS = frozenset(("dtype", "device"))
 
 
 def _batched_source(sig: Signature, inputs: list[Tensor], n: int) -> Tensor:
@@ -68,39 +69,39 @@ class SourceMaker:
         self.rec = rec
         self._scalars: dict[tuple[Any, ...], tuple[Signature, TensorMeta]] = {}
 
-    def make(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Run a factory and make its result a lazy per-instance constant."""
+    def number(self, value: Any, kwargs: dict[str, Any]) -> Lazy | None:
+        """``torch.tensor(value, dtype=..., device=...)`` of a Python number: a source node.
+
+        The common case (a word id, a label), on its own fast path: one signature per kind of
+        number, dtype and device. ``None`` when other keywords are given.
+        """
         rec = self.rec
-        graph = rec.graph
-        scalar = func is torch.tensor and len(args) == 1 and type(args[0]) in _SCALAR_DTYPES
-        cache_key = None
-        if scalar and not kwargs.keys() - {"dtype", "device"}:
-            # the common case, torch.tensor(word_id): one signature per kind of number
-            cache_key = (
-                type(args[0]),
-                torch.get_default_dtype(),
-                kwargs.get("dtype"),
-                kwargs.get("device"),
-            )
-            cached = self._scalars.get(cache_key)
-            if cached is not None:
-                vid = graph.add(cached[0], (), rec.instance, args[0])
-                if rec.trace is not None:
-                    rec.trace.ops.append((cached[0], (), vid, args[0]))
-                return Lazy(rec, vid, cached[1])
-            dtype = (
-                kwargs.get("dtype") or _SCALAR_DTYPES[type(args[0])] or torch.get_default_dtype()
-            )
-            # the device eager torch.tensor gives: the default one when none is named, with
-            # its index ("cuda" is "cuda:0", as parameters report it)
-            meta = TensorMeta.of((), dtype, torch.empty(0, device=kwargs.get("device")).device)
-            kind, payload = "scalar", args[0]
-        else:
-            value = func(*args, **kwargs)
-            if not isinstance(value, Tensor):
-                return value
-            meta = TensorMeta.of(tuple(value.shape), value.dtype, value.device)
-            kind, payload = "tensor", value
+        dtype = device = None
+        if kwargs:
+            if not _NUMBER_KEYWORDS.issuperset(kwargs):
+                return None
+            dtype, device = kwargs.get("dtype"), kwargs.get("device")
+        cache_key = (type(value), torch.get_default_dtype(), dtype, device)
+        cached = self._scalars.get(cache_key)
+        if cached is None:
+            cached = self._scalars[cache_key] = self._number_signature(value, dtype, device)
+        sig, meta = cached
+        vid = rec.graph.add(sig, (), rec.instance, value)
+        if rec.trace is not None:
+            rec.trace.ops.append((sig, (), vid, value))
+        return Lazy(rec, vid, meta)
+
+    def _number_signature(
+        self, value: Any, dtype: torch.dtype | None, device: Any
+    ) -> tuple[Signature, TensorMeta]:
+        dtype = dtype or _SCALAR_DTYPES[type(value)] or torch.get_default_dtype()
+        # the device eager torch.tensor gives: the default one when none is named, with its
+        # index ("cuda" is "cuda:0", as parameters report it)
+        meta = TensorMeta.of((), dtype, torch.empty(0, device=device).device)
+        return self._signature(torch.tensor, meta, "scalar"), meta
+
+    def _signature(self, func: Any, meta: TensorMeta, kind: str) -> Signature:
+        graph = self.rec.graph
         key = ("source", meta, kind)
         sig = graph.lookup(key)
         if sig is None:
@@ -113,13 +114,25 @@ class SourceMaker:
                 site=user_site(),
                 source=kind,
             )
-            if rec.ragged:
+            if self.rec.ragged:
                 join_family(graph.families, sig, key)
-        if cache_key is not None:
-            self._scalars[cache_key] = (sig, meta)
-        vid = graph.add(sig, (), rec.instance, payload)
+        return sig
+
+    def make(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run a factory and make its result a lazy per-instance constant."""
+        rec = self.rec
+        if func is torch.tensor and len(args) == 1 and type(args[0]) in _SCALAR_DTYPES:
+            lazy = self.number(args[0], kwargs)
+            if lazy is not None:
+                return lazy
+        value = func(*args, **kwargs)
+        if not isinstance(value, Tensor):
+            return value
+        meta = TensorMeta.of(tuple(value.shape), value.dtype, value.device)
+        sig = self._signature(func, meta, "tensor")
+        vid = rec.graph.add(sig, (), rec.instance, value)
         if rec.trace is not None:
             if is_random(func):
                 rec.trace.refuse("draws random numbers in a factory")
-            rec.trace.ops.append((sig, (), vid, payload))
+            rec.trace.ops.append((sig, (), vid, value))
         return Lazy(rec, vid, meta)
