@@ -215,3 +215,39 @@ def test_a_number_made_a_tensor_on_a_named_device_is_on_eagers_device() -> None:
     emb = torch.nn.Embedding(5, 2)
     outs = bf.batch_map(lambda i: emb(torch.tensor(i, device="cpu:0")), [1, 3])
     torch.testing.assert_close(torch.stack(outs), emb(torch.tensor([1, 3])))
+
+
+def test_keyword_numbers_of_other_types_get_their_own_signatures() -> None:
+    # 1, 1.0 and True compare equal; as keyword values they must not share a signature
+    def clamp(low: Any) -> torch.Tensor:
+        return torch.clamp(torch.tensor([3, 0, -2]), min=low)
+
+    lows = [1, 1.0, 0, 0.5, True]
+    outs, stats = bf.batch_map(clamp, lows, return_stats=True)
+    for low, out in zip(lows, outs, strict=True):
+        want = clamp(low)
+        assert out.dtype == want.dtype and torch.equal(out, want)
+    assert stats.steps >= 3  # int, float and bool bounds run as separate steps
+
+
+@pytest.mark.parametrize("scheduler", ["agenda", "depth"])
+def test_tensors_of_python_numbers_keep_eager_dtypes(scheduler: Scheduler) -> None:
+    cases: list[tuple[Any, dict[str, Any]]] = [
+        (5, {}),
+        (5, {"dtype": torch.float64}),
+        (2.5, {}),
+        (2.5, {"device": "cpu"}),
+        (True, {}),
+        (7, {"dtype": torch.int32, "device": torch.device("cpu")}),
+        (3, {"requires_grad": False}),
+    ]
+
+    def make(case: tuple[Any, dict[str, Any]]) -> torch.Tensor:
+        value, kwargs = case
+        return torch.tensor(value, **kwargs) * 2
+
+    outs = bf.batch_map(make, cases, scheduler=scheduler)
+    for case, out in zip(cases, outs, strict=True):
+        want = make(case)
+        assert out.dtype == want.dtype and out.device == want.device
+        assert torch.equal(out, want)

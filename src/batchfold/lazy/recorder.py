@@ -83,7 +83,6 @@ class Recorder(TorchFunctionMode):
         """Record ``func(*args, **kwargs)`` for the current instance; returns lazy output(s).
 
         A call with no lazy argument runs at once (factories make per-instance constants).
-        This is the recorder's hot path: the argument key is built inline.
         """
         if self.closed:
             raise LazyValueError(LAZY_AFTER_RUN.format(what=f"{func_name(func)}()"))
@@ -98,25 +97,14 @@ class Recorder(TorchFunctionMode):
             if lazy is not None:
                 return lazy
         inputs: list[int] = []
-        parts = []
-        for a in args:  # args_key, inline
-            kind = type(a)
-            if kind is Lazy:
-                if a._rec is not self:
-                    raise LazyValueError(LAZY_AFTER_RUN.format(what="use"))
-                inputs.append(a._vid)
-                parts.append(a._meta)
-            elif kind is int or kind is float or kind is bool:
-                parts.append((kind, a))
-            else:
-                parts.append(self._key(a, inputs))
+        parts = self.args_key(args, inputs)
         if not inputs and func in FACTORIES and not has_lazy((), kwargs):
             return self.sources.make(func, args, kwargs)
         mode = 2 if _inference_mode() else 1 if _grad_enabled() else 0  # grad_mode(), inline
         if kwargs:
-            key = (func, tuple(parts), self.kwargs_key(kwargs, inputs), mode)
+            key = (func, parts, self.kwargs_key(kwargs, inputs), mode)
         else:
-            key = (func, tuple(parts), mode)
+            key = (func, parts, mode)
         if not inputs:
             return self._eager(func, args, kwargs, key)
         graph = self.graph
