@@ -251,3 +251,40 @@ def test_tensors_of_python_numbers_keep_eager_dtypes(scheduler: Scheduler) -> No
         want = make(case)
         assert out.dtype == want.dtype and out.device == want.device
         assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_embedding_lookups_of_any_index_shape_match_eager(dtype: torch.dtype) -> None:
+    # the output shape comes from a rule, not the meta kernel; values and gradients as eager
+    torch.manual_seed(0)
+    plain = nn.Embedding(20, 4, dtype=torch.float64)
+    padded = nn.Embedding(20, 4, padding_idx=0, dtype=torch.float64)
+    indices = [5, [1, 0, 7], [[2, 3], [0, 19]], []]
+
+    def lookup(index: Any) -> torch.Tensor:
+        i = torch.tensor(index, dtype=dtype)
+        return plain(i).sum(-1) + padded(i).sum(-1) + F.embedding(i, plain.weight).sum(-1)
+
+    outs = bf.batch_map(lookup, indices)
+    torch.autograd.backward([o.sum() for o in outs])
+    tables = (plain.weight, padded.weight)
+    batched = [_grad(t).clone() for t in tables]
+    plain.zero_grad()
+    padded.zero_grad()
+    for index, out in zip(indices, outs, strict=True):
+        want = lookup(index)
+        assert out.shape == want.shape and torch.allclose(out, want)
+        want.sum().backward()
+    assert all(torch.allclose(b, _grad(t)) for b, t in zip(batched, tables, strict=True))
+
+
+def _grad(tensor: torch.Tensor) -> torch.Tensor:
+    assert tensor.grad is not None
+    return tensor.grad
+
+
+def test_embedding_with_max_norm_is_refused_with_a_clear_error() -> None:
+    # max_norm renormalises the table in place on every lookup: no batched form, so a refusal
+    table = nn.Embedding(10, 3, max_norm=1.0)
+    with pytest.raises(bf.UnsupportedOpError, match="embedding at .*changed in place"):
+        bf.batch_map(lambda i: table(torch.tensor(i)), [1, 2])

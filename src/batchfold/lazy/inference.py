@@ -105,10 +105,17 @@ def _to_meta(tree: Any, cache: dict[int, tuple[Tensor, Tensor]]) -> Any:
 
 
 def _known_shape(func: Any, targs: Any, tkwargs: Any, in_metas: tuple[TensorMeta, ...]) -> Any:
-    """``F.linear``'s output without running it: its meta kernel's first use imports
-    ``torch._dynamo`` (over half a second), which would make every process's first
-    ``batch_map`` slow."""
-    if func is not F.linear or tkwargs or len(targs) not in (2, 3) or type(targs[0]) is not Slot:
+    """The output of ``F.linear`` or ``F.embedding`` without running it.
+
+    Their meta kernels' first use imports ``torch._dynamo`` (a fifth to over half a second),
+    which would make every process's first ``batch_map`` slow; their weights are too large
+    to run them on zeros instead.
+    """
+    if not targs or type(targs[0]) is not Slot:
+        return None
+    if func is F.embedding:
+        return _embedding_shape(targs, tkwargs, in_metas)
+    if func is not F.linear or tkwargs or len(targs) not in (2, 3):
         return None
     weight, bias = targs[1], targs[2] if len(targs) == 3 else None
     meta = in_metas[0]
@@ -121,6 +128,22 @@ def _known_shape(func: Any, targs: Any, tkwargs: Any, in_metas: tuple[TensorMeta
     return torch.empty((*meta.shape[:-1], weight.shape[0]), dtype=meta.dtype, device="meta")
 
 
+def _embedding_shape(targs: Any, tkwargs: Any, in_metas: tuple[TensorMeta, ...]) -> Any:
+    """``F.embedding(index, weight)``: ``[*index.shape, dim]`` in the weight's dtype.
+
+    Only the plain call (no ``max_norm``, which renormalises the weight in place).
+    """
+    weight = targs[1] if len(targs) > 1 else tkwargs.get("weight")
+    max_norm = targs[3] if len(targs) > 3 else tkwargs.get("max_norm")
+    index = in_metas[0]
+    if len(in_metas) != 1 or max_norm is not None or index.dtype not in _INDEX_DTYPES:
+        return None
+    if not isinstance(weight, Tensor) or weight.dim() != 2:
+        return None
+    return torch.empty((*index.shape, weight.shape[1]), dtype=weight.dtype, device="meta")
+
+
+_INDEX_DTYPES = (torch.int64, torch.int32)
 _SMALL = 1 << 16  # elements: running an op on zeros of this size costs microseconds
 
 
