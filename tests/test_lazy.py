@@ -288,3 +288,19 @@ def test_embedding_with_max_norm_is_refused_with_a_clear_error() -> None:
     table = nn.Embedding(10, 3, max_norm=1.0)
     with pytest.raises(bf.UnsupportedOpError, match="embedding at .*changed in place"):
         bf.batch_map(lambda i: table(torch.tensor(i)), [1, 2])
+
+
+def test_attributes_of_shared_tensors_read_inside_the_function() -> None:
+    # p.device and w.shape are read at once; w.T keeps one identity, so x @ w.T batches
+    w = torch.randn(3, 4, dtype=torch.float64)
+
+    def project(x: list[float]) -> torch.Tensor:
+        v = torch.tensor(x, dtype=w.dtype, device=w.device)
+        assert w.shape == (3, 4) and not w.requires_grad and w.ndim == 2
+        return v @ w.T
+
+    xs = [[1.0, 2.0, 3.0, 4.0], [0.5, 0.0, -1.0, 2.0], [3.0, 1.0, 1.0, 1.0]]
+    outs, stats = bf.batch_map(project, xs, return_stats=True)
+    for x, out in zip(xs, outs, strict=True):
+        assert torch.equal(out, project(x))
+    assert stats.steps == 2  # the constants, then one matmul for every instance

@@ -44,6 +44,7 @@ _grad_enabled = torch.is_grad_enabled
 _inference_mode = torch.is_inference_mode_enabled
 _LEADING = ("input", "tensors", "self")  # parameter names that come first when passed by name
 _TENSOR = torch.tensor
+_GETTER = type(Tensor.device.__get__)  # what the mode sees for an attribute read of a tensor
 _NUMBERS = frozenset((int, float, bool))
 _PLAIN = frozenset((type(None), str, int, float, bool))  # keyword values keyed as they are
 
@@ -75,6 +76,12 @@ class Recorder(TorchFunctionMode):
         self.instance = index
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
+        if type(func) is _GETTER and len(args) == 1 and not kwargs and type(args[0]) is not Lazy:
+            # an attribute of a shared tensor (p.device, w.shape): read it at once; a tensor
+            # attribute (w.T) goes on to the memo, so that it keeps one identity
+            value = func(*args)
+            if not isinstance(value, Tensor):
+                return value
         return self.call(func, args, kwargs or {})
 
     # -- recording ---------------------------------------------------------------------------
