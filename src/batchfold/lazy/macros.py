@@ -25,7 +25,7 @@ from ..graph import OUT_BITS, Signature
 from ..ops import OpRule
 from .context import active_recorder
 from .inference import template
-from .semantics import VIEW_NAMES
+from .semantics import VIEW_NAMES, grad_mode
 from .sites import user_site
 from .tensor import Lazy, has_lazy
 
@@ -33,8 +33,6 @@ if TYPE_CHECKING:
     from .recorder import Recorder
 
 Tensor = torch.Tensor
-_grad_enabled = torch.is_grad_enabled
-_inference_mode = torch.is_inference_mode_enabled
 _ORIGINAL_CALL = nn.Module.__call__
 _INSTALLED = [0]
 _LOCK = threading.Lock()
@@ -170,17 +168,9 @@ class ModuleCache:
             self.misses[f"{type(module).__name__}: {SEQUENCES}"] += 1
             return _ORIGINAL_CALL(module, *args, **kwargs)
         inputs: list[int] = []
-        mode = 2 if _inference_mode() else 1 if _grad_enabled() else 0  # grad_mode(), inline
+        key = (id(module), module.training, grad_mode(), rec.args_key(args, inputs))
         if kwargs:
-            key = (
-                id(module),
-                module.training,
-                mode,
-                rec.args_key(args, inputs),
-                rec.kwargs_key(kwargs, inputs),
-            )
-        else:
-            key = (id(module), module.training, mode, rec.args_key(args, inputs))
+            key = (*key, rec.kwargs_key(kwargs, inputs))
         entry = self.entries.get(key)
         if entry is None:
             entry = self.entries[key] = _Entry(module)
@@ -296,14 +286,6 @@ SEQUENCES = (
 
 def _takes_sequences(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """Whether a call gets a lazy tensor of 2 or more dims (a sequence, say)."""
-    for a in args:  # the common call: lazy arguments only, checked without recursion
-        if type(a) is not Lazy:
-            break
-        if len(a._meta.shape) >= 2:
-            return True
-    else:
-        if not kwargs:
-            return False
     return _any_sequence(args) or (bool(kwargs) and _any_sequence(kwargs.values()))
 
 

@@ -44,8 +44,8 @@ _grad_enabled = torch.is_grad_enabled
 _inference_mode = torch.is_inference_mode_enabled
 _LEADING = ("input", "tensors", "self")  # parameter names that come first when passed by name
 _TENSOR = torch.tensor
+_mode_active = torch._C._is_torch_function_mode_enabled
 _GETTER = type(Tensor.device.__get__)  # what the mode sees for an attribute read of a tensor
-_NUMBERS = frozenset((int, float, bool))
 _PLAIN = frozenset((type(None), str, int, float, bool))  # keyword values keyed as they are
 
 
@@ -99,10 +99,8 @@ class Recorder(TorchFunctionMode):
                 args = (kwargs.pop(first),)
             if kwargs.get("inplace") is True or kwargs.get("out") is not None:
                 return self._in_place_keyword(func, args, kwargs)
-        if func is _TENSOR and len(args) == 1 and type(args[0]) in _NUMBERS:
-            lazy = self.sources.number(args[0], kwargs)  # torch.tensor(word_id), the common case
-            if lazy is not None:
-                return lazy
+        if func is _TENSOR and (lazy := self.sources.number(args, kwargs)) is not None:
+            return lazy  # torch.tensor(word_id), the common case
         inputs: list[int] = []
         parts = self.args_key(args, inputs)
         if not inputs and func in FACTORIES and not has_lazy((), kwargs):
@@ -115,7 +113,7 @@ class Recorder(TorchFunctionMode):
         if not inputs:
             return self._eager(func, args, kwargs, key)
         graph = self.graph
-        sig = graph._by_key.get(key)
+        sig = graph.lookup(key)
         if sig is None:  # in-place calls never get a signature: they record their out-of-place form
             name = getattr(func, "__name__", "")
             if name[-1:] == "_" and name[:1] != "_":
@@ -187,9 +185,10 @@ class Recorder(TorchFunctionMode):
         if kind is dict:
             return (dict, *self.kwargs_key(obj, inputs))
         if isinstance(obj, Tensor):
-            with torch._C.DisableTorchFunction():  # the mode would see the version read
-                seen = version(obj)
-            return (id(obj), seen)  # shared, by identity; the signature keeps it alive
+            if _mode_active():  # from a Lazy method or a module call: the mode would see the read
+                with torch._C.DisableTorchFunction():
+                    return (id(obj), version(obj))
+            return (id(obj), version(obj))  # shared, by identity; the signature keeps it alive
         if kind is int or kind is float or kind is bool:
             return (kind, obj)
         if kind is slice:

@@ -69,13 +69,15 @@ class SourceMaker:
         self.rec = rec
         self._scalars: dict[tuple[Any, ...], tuple[Signature, TensorMeta]] = {}
 
-    def number(self, value: Any, kwargs: dict[str, Any]) -> Lazy | None:
+    def number(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Lazy | None:
         """``torch.tensor(value, dtype=..., device=...)`` of a Python number: a source node.
 
         The common case (a word id, a label), on its own fast path: one signature per kind of
-        number, dtype and device. ``None`` when other keywords are given.
+        number, dtype and device. ``None`` for any other call of ``torch.tensor``.
         """
-        rec = self.rec
+        if len(args) != 1 or type(args[0]) not in _SCALAR_DTYPES:
+            return None
+        rec, value = self.rec, args[0]
         dtype = device = None
         if kwargs:
             if not _NUMBER_KEYWORDS.issuperset(kwargs):
@@ -119,12 +121,9 @@ class SourceMaker:
         return sig
 
     def make(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Run a factory and make its result a lazy per-instance constant."""
+        """Run a factory and make its result a lazy per-instance constant (numbers given to
+        ``torch.tensor`` take :meth:`number` first)."""
         rec = self.rec
-        if func is torch.tensor and len(args) == 1 and type(args[0]) in _SCALAR_DTYPES:
-            lazy = self.number(args[0], kwargs)
-            if lazy is not None:
-                return lazy
         value = func(*args, **kwargs)
         if not isinstance(value, Tensor):
             return value
