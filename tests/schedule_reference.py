@@ -159,7 +159,7 @@ def _build(
         node_step[group] = first_step + i
         node_row[group] = np.arange(len(group))
         gathers = tuple(_gather(*locate(column), column & OUT_MASK) for column in table.T)
-        steps.append(Step(first_step + i, sig, group + base, positions[group], gathers))
+        steps.append(Step(first_step + i, sig, group + base, gathers))
     return Plan(_fan_out(steps, first_step), base, node_step, node_row)
 
 

@@ -6,6 +6,8 @@ whatever the scheduler would have made.
 
 from __future__ import annotations
 
+import dataclasses
+import pickle
 from collections import Counter
 from typing import Any
 
@@ -19,7 +21,7 @@ from batchfold.errors import BatchingRuleError, ShapeError
 from batchfold.execute import Executor, Fallbacks, run_op
 from batchfold.graph import OUT_BITS, Graph, Signature, Slot, TensorMeta
 from batchfold.ops import RULES, VMAP, OpRule
-from batchfold.schedule import Fanout, Gather, Plan, Step, schedule
+from batchfold.schedule import UNBOUND, Fanout, Gather, Plan, Step, schedule
 from reference import assert_matches_eager
 
 CPU = torch.device("cpu")
@@ -36,6 +38,7 @@ def op(
     rule: OpRule | None = None,
     template: tuple[Any, Any] | None = None,
     source: str | None = None,
+    ref: Any = None,
 ) -> Signature:
     """A signature of ``func`` on per-instance inputs ``ins``, batched by ``rule``."""
     template = template or (tuple(Slot(i) for i in range(len(ins))), {})
@@ -52,6 +55,7 @@ def op(
         out_metas=outs,
         multi=multi,
         source=source,
+        ref=ref,
     )
 
 
@@ -60,7 +64,7 @@ def v(node: int, output: int = 0) -> int:
     return node << OUT_BITS | output
 
 
-def hand_built_plan(base: torch.Tensor) -> Plan:
+def hand_built_plan(base: torch.Tensor, refs: bool = False, source: str = "tensor") -> Plan:
     """Four sources, a fanout to two readers, a gather of slice and rows in another order.
 
     Nodes 0-3 are the rows of ``base``; 4, 5 = -base[3], -base[1]; 6, 7 = exp(base[0]),
@@ -68,37 +72,36 @@ def hand_built_plan(base: torch.Tensor) -> Plan:
     are the chunks of 8, 9, 10.
     """
     g = Graph()
-    src = op(g, torch.zeros, (), source="tensor")
-    neg, exp = op(g, torch.neg, (PAIR,)), op(g, torch.exp, (PAIR,))
-    add = op(g, torch.add, (PAIR, PAIR))
-    chunk = op(g, torch.chunk, (PAIR,), (ONE, ONE), template=((Slot(0), 2), {}))
-    nodes, positions = np.arange(14), np.array([0, 1, 2, 3, 0, 1, 0, 1, 0, 1, 2, 0, 1, 2])
+    ref = iter(range(5)) if refs else iter([None] * 5)  # ``refs``: each signature has a ref
+    src = op(g, torch.zeros, (), source=source, ref=next(ref))
+    neg, exp = op(g, torch.neg, (PAIR,), ref=next(ref)), op(g, torch.exp, (PAIR,), ref=next(ref))
+    add = op(g, torch.add, (PAIR, PAIR), ref=next(ref))
+    chunk = op(g, torch.chunk, (PAIR,), (ONE, ONE), template=((Slot(0), 2), {}), ref=next(ref))
+    nodes, node_row = np.arange(14), np.array([0, 1, 2, 3, 0, 1, 0, 1, 0, 1, 2, 0, 1, 2])
     steps = [
         Step(
             0,
             src,
             nodes[0:4],
-            positions[0:4],
             (),
             (Fanout(0, np.array([3, 1, 0, 2]), (2, 2)),),
             list(base.unbind(0)),
         ),
-        Step(1, neg, nodes[4:6], positions[4:6], (Gather(((0, 0, 0),)),)),  # fanout chunk 0
-        Step(2, exp, nodes[6:8], positions[6:8], (Gather(((0, 0, 1),)),)),  # fanout chunk 1
+        Step(1, neg, nodes[4:6], (Gather(((0, 0, 0),)),)),  # fanout chunk 0
+        Step(2, exp, nodes[6:8], (Gather(((0, 0, 1),)),)),  # fanout chunk 1
         Step(
             3,
             add,
             nodes[8:11],
-            positions[8:11],
             (
                 Gather(((0, 0, 1, 3), (1, 0, np.array([0]))), order=np.array([2, 0, 1])),
                 Gather(((2, 0, np.array([1, 0, 1])),)),
             ),
         ),
-        Step(4, chunk, nodes[11:14], positions[11:14], (Gather(((3, 0, 0, 3),)),)),
+        Step(4, chunk, nodes[11:14], (Gather(((3, 0, 0, 3),)),)),
     ]
     node_step = np.array([0, 0, 0, 0, 1, 1, 2, 2, 3, 3, 3, 4, 4, 4])
-    return Plan(steps, 0, node_step, positions.copy())
+    return Plan(steps, 0, node_step, node_row)
 
 
 def by_hand(base: torch.Tensor) -> dict[int, torch.Tensor]:
@@ -125,6 +128,36 @@ def test_store_runs_a_plan_through_fanouts_slices_rows_and_orders() -> None:
     node_step, node_row = store.locations
     assert node_step.tolist() == [0, 0, 0, 0, 1, 1, 2, 2, 3, 3, 3, 4, 4, 4]
     assert node_row.tolist()[8:11] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("source", ["tensor", "constant"])
+def test_a_plan_pickles_by_ref_and_runs_only_once_bound_again(source: str) -> None:
+    base = torch.randn(4, 2, dtype=F64)
+    plan = hand_built_plan(base, refs=True, source=source)
+    back = pickle.loads(pickle.dumps(plan))
+    assert [s.sig.id for s in back.steps] == [UNBOUND] * 5
+    assert [s.sig.ref for s in back.steps] == [0, 1, 2, 3, 4]
+    assert [s.sig.name for s in back.steps] == [s.sig.name for s in plan.steps]
+    assert (back.steps[0].payloads is None) == (source == "constant")  # constants stay home
+    with pytest.raises(ValueError, match=r"step 0 \(zeros\) comes from a pickled plan"):
+        Executor().run(back)
+    by_ref = {s.sig.ref: s.sig for s in plan.steps}
+    bound = Plan(
+        [dataclasses.replace(s, sig=by_ref[s.sig.ref], payloads=list(base)) for s in back.steps],
+        back.node_base,
+        back.node_step,
+        back.node_row,
+    )
+    store = Executor()
+    store.run(bound)
+    for vid, want in by_hand(base).items():
+        torch.testing.assert_close(store.value(vid), want, rtol=0, atol=0)
+
+
+def test_a_plan_with_a_signature_without_ref_refuses_to_pickle() -> None:
+    plan = hand_built_plan(torch.randn(4, 2, dtype=F64))
+    with pytest.raises(TypeError, match=r"step 0 \(zeros.*runs only in the process"):
+        pickle.dumps(plan)
 
 
 def test_values_equal_value_in_any_order_and_carry_gradients() -> None:
@@ -194,7 +227,7 @@ def test_an_op_vmap_cannot_batch_falls_back_to_a_loop_and_both_are_counted() -> 
     fallbacks = Fallbacks()
     out = run_op(sig, [x], 5, fallbacks)
     torch.testing.assert_close(out[0], torch.stack([_counts_once_per_instance(r) for r in x]))
-    assert sig.id in fallbacks.looped and sig.rule is VMAP  # loops from now on; sig unchanged
+    assert sig in fallbacks.looped and sig.rule is VMAP  # loops from now on; sig unchanged
     assert fallbacks.counts == {"_counts_once_per_instance (loop)": 5}
     run_op(sig, [x[:2]], 2, fallbacks)
     assert fallbacks.counts == {"_counts_once_per_instance (loop)": 7}

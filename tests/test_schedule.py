@@ -237,7 +237,6 @@ def describe(plan: Plan) -> list[Any]:
             step.index,
             step.sig.id,
             value(step.nodes),
-            value(step.positions),
             [([tuple(map(value, part)) for part in g.parts], value(g.order)) for g in step.gathers],
             [(f.output, value(f.rows), f.sizes) for f in step.fanouts],
         )

@@ -20,7 +20,7 @@ from .graph import OUT_BITS, OUT_MASK, Signature
 from .ops import LOOP, VMAP
 from .profile import Profile, StepClock, mark
 from .ragged import expand_rows, run_family
-from .schedule import Gather, Plan, Step
+from .schedule import UNBOUND, Gather, Plan, Step
 
 Tensor = torch.Tensor
 
@@ -34,7 +34,7 @@ class Fallbacks:
 
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
-        self.looped: set[int] = set()
+        self.looped: set[Signature] = set()
 
 
 class Executor:
@@ -91,6 +91,12 @@ class Executor:
     def run(self, plan: Plan) -> None:
         """Run every step of ``plan`` and record where the segment's nodes landed."""
         for step in plan.steps:
+            if step.sig.id == UNBOUND:
+                raise ValueError(
+                    f"step {step.index} ({step.sig.name}) comes from a pickled plan and is not "
+                    "bound to an op; run the plan with the front end that made it, e.g. "
+                    "CompiledModel.run"
+                )
             outs = self._run_step(step)
             self.outputs.append(outs)
             if step.lengths is not None:
@@ -235,13 +241,13 @@ class Executor:
 
 
 def sources_batch(sig: Signature, payloads: list[Any], lengths: np.ndarray | None = None) -> Tensor:
-    """Stack the per-instance constants of a source step into one tensor (packed if ragged)."""
+    """Stack the payloads of a source step into one tensor (packed if ragged)."""
     meta = sig.out_metas[0]
     if lengths is not None:
         return torch.cat(payloads)
     if sig.source == "scalar":
         return torch.tensor(payloads, dtype=meta.dtype, device=meta.device)
-    return torch.stack(payloads)
+    return torch.stack(payloads)  # "tensor" and "constant"
 
 
 def run_op(
@@ -285,7 +291,7 @@ def run_ragged(
 def _call_rule(
     sig: Signature, inputs: list[Tensor], n: int, fallbacks: Fallbacks
 ) -> tuple[Tensor, ...]:
-    rule = LOOP if sig.id in fallbacks.looped and sig.rule is VMAP else sig.rule
+    rule = LOOP if sig.rule is VMAP and sig in fallbacks.looped else sig.rule
     try:
         out = rule.batched(sig, inputs, n)
     except Exception as error:
@@ -296,7 +302,7 @@ def _call_rule(
                 "accepted these inputs when recorded, so this is a bug in batchfold's rule; "
                 "please report it with this message."
             ) from error
-        fallbacks.looped.add(sig.id)  # vmap cannot batch this op: once per instance from now on
+        fallbacks.looped.add(sig)  # vmap cannot batch this op: once per instance from now on
         rule = LOOP
         out = LOOP.batched(sig, inputs, n)
     if rule is VMAP or rule is LOOP:

@@ -69,10 +69,16 @@ class Signature:
     ``key`` is compared in full (never by hash alone). ``template`` holds the call's arguments
     with a :class:`Slot` for every per-instance input. ``source`` is ``None`` for an op, and
     for a node with no inputs whose value is its payload, how the payloads make a batch:
-    ``"scalar"`` (Python numbers) or ``"tensor"`` (tensors to stack). ``grad`` is the grad
-    mode its nodes were recorded in (0 no grad, 1 grad; ``None``: the caller's), and ``shared``
-    the outside tensors its template reads, each with the version it had then. The nodes
-    waiting to run are not kept here but in the graph's :class:`Pending` buffers.
+    ``"scalar"`` (Python numbers), ``"tensor"`` (tensors to stack) or ``"constant"`` (one
+    tensor every instance reads, such as a parameter: stacked like ``"tensor"``, but left out
+    when a plan is pickled; the front end that binds the plan supplies it). ``ref``, when
+    set, names the signature in a way that survives pickling: a pickled plan's steps keep
+    only ``ref``, and the front end that made them binds them to its ops again (blocks: the
+    op's index in the compiled model). ``None`` means the signature holds live state, such as
+    per-instance code's modules, and a plan holding it runs only where it was made. ``grad``
+    is the grad mode its nodes were recorded in (0 no grad, 1 grad; ``None``: the caller's),
+    and ``shared`` the outside tensors its template reads, each with the version it had then.
+    The nodes waiting to run are not kept here but in the graph's :class:`Pending` buffers.
     """
 
     __slots__ = (
@@ -92,6 +98,7 @@ class Signature:
         "family",
         "length",
         "pool",
+        "ref",
     )
 
     def __init__(
@@ -108,6 +115,7 @@ class Signature:
         multi: type | None = None,
         site: str = "",
         source: str | None = None,
+        ref: Any = None,
     ) -> None:
         self.id, self.key, self.func, self.rule, self.name = id, key, func, rule, name
         self.template = template
@@ -120,6 +128,7 @@ class Signature:
         self.family: Any = None  # a ragged.Family this signature batches with, if any
         self.length = 0  # in a family: the length of its ragged leading dim
         self.pool = id  # the signature whose pending buffer holds this one's nodes
+        self.ref = ref
 
     def __repr__(self) -> str:
         ins = ", ".join(map(repr, self.in_metas))
@@ -183,7 +192,7 @@ class Graph:
         """Make and register a new signature (callers check :meth:`lookup` first).
 
         ``fields`` are :class:`Signature`'s keyword arguments (``func``, ``rule``, ``name``,
-        ``template``, ``in_metas``, ``out_metas``, ``multi``, ``site``, ``source``).
+        ``template``, ``in_metas``, ``out_metas``, ``multi``, ``site``, ``source``, ``ref``).
         """
         sig = Signature(len(self.signatures), key, **fields)
         self.signatures.append(sig)

@@ -64,12 +64,16 @@ class Step:
     step (no inputs) carries its nodes' ``payloads``. A ragged step (nodes of one
     :class:`~batchfold.ragged.Family` with different lengths; ``sig`` is one of theirs)
     carries each node's ``lengths`` and holds its ragged values packed.
+
+    A step pickles with its signature's ``ref`` in place of the signature (and without the
+    payloads of a ``"constant"`` source); read back, its ``sig`` is a stand-in with id
+    :data:`UNBOUND` that the front end which made the plan binds again. A step whose
+    signature has no ``ref`` refuses to pickle.
     """
 
     index: int
     sig: Signature
     nodes: np.ndarray  # [n] global node ids
-    positions: np.ndarray  # [n] each node's position among its signature's pending nodes
     gathers: tuple[Gather, ...]
     fanouts: tuple[Fanout, ...] = ()
     payloads: list[Any] | None = None  # a source step's per-node values, in row order
@@ -81,12 +85,51 @@ class Step:
         name = self.sig.name if self.lengths is None else f"{self.sig.name} (ragged)"
         return f"step {self.index:4d}  {name:<22s} x{len(self.nodes):<6d} {reads}".rstrip()
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        sig = self.sig
+        if sig.ref is None:
+            raise TypeError(
+                f"step {self.index} ({sig.name}, recorded at {sig.site or 'an unknown place'}) "
+                "refers to live modules: it was recorded by per-instance code (batch_map, or "
+                "Function(..., per_instance=True)), so a plan holding it runs only in the "
+                "process that scheduled it"
+            )
+        payloads = None if sig.source == "constant" else self.payloads
+        stand_in = (sig.ref, sig.name, sig.source, sig.out_metas)
+        fields = (self.nodes, self.gathers, self.fanouts, payloads, self.lengths)
+        return (_unpickled_step, (self.index, stand_in, *fields))
+
+
+UNBOUND = -1
+"""The id of a step's stand-in signature after unpickling, until its front end binds it."""
+
+
+def _unbound_op(*args: Any, **kwargs: Any) -> Any:
+    raise AssertionError("an unbound step was run; Executor.run refuses those first")
+
+
+def _unpickled_step(index: int, stand_in: tuple[Any, str, Any, Any], *fields: Any) -> Step:
+    ref, name, source, out_metas = stand_in
+    sig = Signature(
+        UNBOUND,
+        ("unbound", ref),
+        func=_unbound_op,
+        rule=None,
+        name=name,
+        out_metas=out_metas,
+        source=source,
+        ref=ref,
+    )
+    return Step(index, sig, *fields)
+
 
 @dataclass(frozen=True, slots=True)
 class Plan:
     """The steps that compute one segment of a graph, and where each of its nodes lands.
 
-    Node ``node_base + i`` is row ``node_row[i]`` of step ``node_step[i]``'s outputs.
+    Node ``node_base + i`` is row ``node_row[i]`` of step ``node_step[i]``'s outputs. A plan
+    whose signatures all have a ``ref`` pickles (see :class:`Step`): a DataLoader worker
+    can schedule it, and the front end that made it binds and runs it.
     """
 
     steps: list[Step]
@@ -283,7 +326,6 @@ class _Layout:
                 first_step + s,
                 sigs[sig],
                 nodes[a:b],
-                positions[a:b],
                 tuple(gathers[input_ptr[s] : input_ptr[s + 1]]),
                 tuple(fanouts.get(s, ())),
                 _payloads(pending[int(node_pool[a])].payloads, positions[a:b])

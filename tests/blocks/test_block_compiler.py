@@ -112,6 +112,33 @@ def test_plan_pickles_and_dataloader_workers_give_the_same_outputs():
         torch.testing.assert_close(got_metrics["words"], metrics["words"])
 
 
+def test_a_plan_runs_on_the_weights_of_the_model_that_runs_it():
+    block, _, _ = word_model()
+    big = nn.Parameter(torch.randn(100_000, dtype=torch.float64))
+    model = compile(AllOf(block, FromTensor(big)))
+    clone = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in clone.parameters():
+            p.mul_(2)
+    inputs = sentences(5, seed=6)
+    plan = model.schedule(inputs)
+    pickled = pickle.dumps(plan)
+    assert len(pickled) < 100_000  # the constant is not in it: the running model supplies it
+    for runner in (model, clone):
+        want, _ = runner(inputs)
+        for candidate in (plan, pickle.loads(pickled)):
+            got, _ = runner.run(candidate)
+            for a, b in zip(got, want, strict=True):
+                torch.testing.assert_close(a, b, rtol=0, atol=0)
+    (_, constant), _ = clone.run(pickle.loads(pickled))
+    constant.sum().backward()
+    assert big.grad is None and clone.tensors[0].grad is not None  # the clone's parameter
+    other = compile(Map(Scalar()) >> Sum())
+    for candidate in (plan, pickle.loads(pickled)):
+        with pytest.raises(ValueError, match="scheduled by a model with other ops"):
+            other.run(candidate)
+
+
 def test_compiled_model_pickles_and_deep_copies():
     block, _, _ = word_model()
     model = compile(block)

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import gc
 import time
+import zlib
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -23,7 +25,7 @@ from ..execute import Executor
 from ..graph import Graph, Signature, TensorMeta
 from ..lazy import Lazy, Recorder
 from ..profile import Profile
-from ..schedule import Plan, Scheduler, Step, schedule
+from ..schedule import Plan, Scheduler, schedule
 from ..stats import Stats
 from .base import Block, Identity
 from .codegen import generate
@@ -33,7 +35,6 @@ from .function import device_of
 from .plan import (
     BlockPlan,
     OutputLeaf,
-    PlanStep,
     SequenceLayout,
     assemble_outputs,
     collect_outputs,
@@ -55,7 +56,7 @@ from .types import (
     Type,
     VoidType,
 )
-from .walker import OpSpec, Specializer, Tape, deep_recursion
+from .walker import Specializer, Tape, deep_recursion
 
 
 def _reader(t: Type) -> Block:
@@ -76,7 +77,8 @@ def _reader(t: Type) -> Block:
 _DERIVED = (
     "_walk",
     "_specs",
-    "_spec_index",
+    "_checksum",
+    "_token",
     "_metric_types",
     "_layout",
     "_leaves",
@@ -141,7 +143,9 @@ class CompiledModel(nn.Module):
             cell.walk = generate(target, decl.name)
         self.in_type, self.out_type = in_type, walker.out_type
         self._specs = ctx.specs
-        self._spec_index = {spec: i for i, spec in enumerate(ctx.specs)}
+        ops = "\n".join(f"{spec.name} {spec.site} {spec.source}" for spec in ctx.specs)
+        self._checksum = zlib.crc32(ops.encode())
+        self._token = object()  # a plan bound to this model (not pickled) holds it
         self._metric_types = {name: t for name, (t, _) in ctx.metrics.items()}
         self._leaves: list[OutputLeaf] = []
         self._layout: Any = None
@@ -242,26 +246,13 @@ class CompiledModel(nn.Module):
         return block_plan
 
     def _pack(self, plan: Plan, tape: Tape, outs: list[Any]) -> BlockPlan:
-        """The engine plan as a :class:`BlockPlan`: ops by index, payloads, output value ids."""
-        steps = []
-        for step in plan.steps:
-            key = step.sig.key
-            spec = key[1] if type(key) is tuple and key[0] == "block" else None
-            index = self._spec_index.get(spec, -1) if isinstance(spec, OpSpec) else -1
-            if index < 0:  # recorded by per-instance lazy code: keeps its live signature
-                steps.append(PlanStep(-1, step.nodes, step.gathers, None, step))
-                continue
-            assert isinstance(spec, OpSpec)
-            payloads = step.payloads if spec.source in ("scalar", "tensor") else None
-            steps.append(PlanStep(index, step.nodes, step.gathers, payloads, None, step.fanouts))
+        """The engine plan with the value ids of the outputs and metrics."""
         ids: list[list[int]] = [[] for _ in self._leaves]
         lengths: list[list[int]] = [[] for _ in self._leaves]
         for out in outs:
             collect_outputs(self._layout, out, ids, lengths)
         return BlockPlan(
-            steps=steps,
-            node_step=plan.node_step,
-            node_row=plan.node_row,
+            plan=plan,
             outputs=[np.asarray(i, dtype=np.int64) for i in ids],
             lengths=[
                 np.asarray(n, dtype=np.int64) if leaf.sequence else None
@@ -273,37 +264,43 @@ class CompiledModel(nn.Module):
                 k: np.asarray(v, dtype=np.int64) for k, v in tape.metric_instances.items()
             },
             instances=len(outs),
+            model=self._checksum,
+            bound=(self._token, tape.device),
         )
 
-    def _engine_plan(self, plan: BlockPlan, device: torch.device) -> Plan:
-        """Bind the plan's ops to this model's modules and tensors on ``device``."""
+    def _bind(self, block_plan: BlockPlan, device: torch.device) -> Plan:
+        """The plan with its ops bound to this model's modules and tensors on ``device``.
+
+        A plan made here for this device is returned as it is; one made by another process
+        (unpickled) or for another device gets this model's signatures by each one's ``ref``,
+        its constants afresh and its tensor payloads moved to ``device``.
+        """
+        plan = block_plan.plan
+        if block_plan.bound == (self._token, device):
+            return plan
+        if block_plan.model != self._checksum:
+            raise ValueError(
+                "this plan was scheduled by a model with other ops; run it with the model whose "
+                "schedule() made it (or a copy of that model)"
+            )
         made: dict[int, Signature] = {}
         steps = []
-        for i, part in enumerate(plan.steps):
-            if part.local is not None:
-                steps.append(part.local)
+        for step in plan.steps:
+            ref = step.sig.ref
+            if ref is None:  # recorded by per-instance lazy code: keeps its live signature
+                steps.append(step)
                 continue
-            spec = self._specs[part.spec]
-            key = ("block", spec)
-            if spec.source is None:
-                sig = made.get(part.spec)
-                if sig is None:
-                    sig = made[part.spec] = spec.signature(part.spec, key, device, None)
-                steps.append(Step(i, sig, part.nodes, part.nodes, part.gathers, part.fanouts))
-                continue
-            sig = spec.signature(part.spec, key, device, None)
-            count = len(part.nodes)
+            spec = self._specs[ref]
+            sig = made.get(ref)
+            if sig is None:
+                sig = made[ref] = spec.signature(ref, ("block", spec), device, None)
+            payloads = step.payloads
             if spec.constant is not None:
-                payloads = [spec.constant(self, device)] * count
-            else:
-                assert part.payloads is not None
-                payloads = part.payloads
-                if spec.source == "tensor" and part.payloads[0].device != device:
-                    payloads = list(torch.stack(part.payloads).to(device).unbind(0))
-            steps.append(
-                Step(i, sig, part.nodes, np.arange(count), part.gathers, part.fanouts, payloads)
-            )
-        return Plan(steps, 0, plan.node_step, plan.node_row)
+                payloads = [spec.constant(self, device)] * len(step.nodes)
+            elif spec.source == "tensor" and payloads and payloads[0].device != device:
+                payloads = list(torch.stack(payloads).to(device).unbind(0))
+            steps.append(replace(step, sig=sig, payloads=payloads))
+        return Plan(steps, plan.node_base, plan.node_step, plan.node_row)
 
     def run(self, plan: BlockPlan, profile: bool = False) -> tuple[Any, dict[str, torch.Tensor]]:
         """Run a plan made by :meth:`schedule` (here or in another process).
@@ -318,7 +315,7 @@ class CompiledModel(nn.Module):
         """
         start = time.perf_counter()
         device = self.device
-        engine = self._engine_plan(plan, device)
+        engine = self._bind(plan, device)
         store = Executor()
         store.profile = Profile() if profile else None
         store.run(engine)
@@ -334,7 +331,7 @@ class CompiledModel(nn.Module):
         }
         self.last_stats = Stats(
             instances=plan.instances,
-            nodes=len(plan.node_step),
+            nodes=engine.num_nodes,
             steps=len(engine.steps),
             segments=1,
             fallbacks=dict(store.fallbacks.counts),

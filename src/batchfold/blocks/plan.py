@@ -1,8 +1,9 @@
 """Block plans: a scheduled batch as picklable data, and how its outputs are gathered.
 
-``CompiledModel.schedule`` packs the engine's plan into a :class:`BlockPlan` whose steps name
-ops by index (no modules, no parameters), so a DataLoader worker can build it. After a run,
-the root outputs and metrics are gathered with one slice or gather per step output.
+``CompiledModel.schedule`` returns the engine's plan with the output layout as a
+:class:`BlockPlan`; it pickles with ops by index (no modules, no parameters), so a DataLoader
+worker can build it. After a run, the root outputs and metrics are gathered with one slice or
+gather per step output.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 
 from ..execute import Executor
 from ..graph import OUT_BITS, OUT_MASK
-from ..schedule import Fanout, Gather, Step
+from ..schedule import Plan
 from .base import Block
 from .sequences import Repeat
 from .types import (
@@ -44,62 +45,47 @@ class SequenceBatch(NamedTuple):
     lengths: torch.Tensor
 
 
-class PlanStep(NamedTuple):
-    """One step of a :class:`BlockPlan`: an op of the model (by index) over ``nodes``.
-
-    ``local`` holds the engine step itself for nodes that per-instance lazy code recorded
-    (``Function(..., per_instance=True)``); such plans run only where they were made.
-    ``fanouts`` are the engine step's (see :class:`~batchfold.schedule.Fanout`).
-    """
-
-    spec: int
-    nodes: np.ndarray
-    gathers: tuple[Gather, ...]
-    payloads: list[Any] | None
-    local: Step | None = None
-    fanouts: tuple[Fanout, ...] = ()
-
-
 @dataclass
 class BlockPlan:
-    """A scheduled batch: what ``CompiledModel.run`` needs, free of modules and parameters.
+    """A scheduled batch: the engine's plan and where the model's outputs are in it.
+
+    It pickles without modules or parameters (see :class:`~batchfold.schedule.Step`), so a
+    DataLoader worker can make it; ``CompiledModel.run`` binds its ops to the model's modules
+    on the model's device.
 
     Attributes:
-        steps: the batched steps, in order.
-        node_step, node_row: where each node's value lands (step, row).
+        plan: the engine's plan.
         outputs: per output leaf, the value ids of every instance (sequences flattened).
         lengths: per output leaf, each instance's sequence length (``None`` for tensors).
         metrics: per metric, the value ids sent to it, in order.
         labels: per metric, the label sent with each value (``None`` when none was).
         metric_instances: per metric, the input index each value came from.
         instances: the number of inputs.
+        model: which model's ops the plan's signatures refer to (a checksum of its op list).
         record_s, schedule_s: seconds spent walking the inputs and scheduling.
+        bound: the model and device the signatures are bound to now (``None`` once
+            pickled).
     """
 
-    steps: list[PlanStep]
-    node_step: np.ndarray
-    node_row: np.ndarray
+    plan: Plan
     outputs: list[np.ndarray]
     lengths: list[np.ndarray | None]
     metrics: dict[str, np.ndarray]
     labels: dict[str, list[Any]]
     metric_instances: dict[str, np.ndarray]
     instances: int
+    model: int
     record_s: float = 0.0
     schedule_s: float = 0.0
+    bound: tuple[object, torch.device] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        if any(step.local is not None for step in self.steps):
-            raise TypeError(
-                "this plan holds nodes recorded by Function(..., per_instance=True) code, which "
-                "refer to live modules; it runs only in the process that scheduled it"
-            )
-        return self.__dict__.copy()
+        return {**self.__dict__, "bound": None}
 
     def __str__(self) -> str:
         return (
-            f"BlockPlan: {self.instances} inputs, {len(self.node_step)} nodes "
-            f"in {len(self.steps)} steps"
+            f"BlockPlan: {self.instances} inputs, {self.plan.num_nodes} nodes "
+            f"in {len(self.plan.steps)} steps"
         )
 
 
@@ -227,7 +213,6 @@ def sequence_batch(
 
 __all__ = [
     "BlockPlan",
-    "PlanStep",
     "SequenceBatch",
     "SequenceLayout",
 ]

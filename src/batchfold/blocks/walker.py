@@ -54,6 +54,8 @@ class OpSpec:
     ``source`` marks nodes with no inputs whose values come from per-node payloads:
     ``"scalar"`` (Python numbers or nested lists), ``"tensor"`` (tensors to stack) or
     ``"constant"`` (``constant(model, device)`` builds the one tensor, e.g. a parameter).
+    ``index`` is its place among the compiled model's specs (set when it is registered); its
+    graph signatures carry it as their ``ref``, so plans that hold them can be pickled.
     """
 
     __slots__ = (
@@ -67,6 +69,7 @@ class OpSpec:
         "multi",
         "source",
         "constant",
+        "index",
     )
 
     def __init__(
@@ -87,6 +90,7 @@ class OpSpec:
         self.in_types, self.out_types, self.multi = in_types, out_types, multi
         self.source, self.constant = source, constant
         self.template = template
+        self.index = -1
 
     def signature(
         self, sig_id: int, key: Any, device: torch.device, graph: Graph | None
@@ -103,11 +107,8 @@ class OpSpec:
             "out_metas": out_metas,
             "multi": tuple if self.multi else None,
             "site": self.site,
-            "source": None
-            if self.source is None
-            else "tensor"
-            if self.source == "constant"
-            else self.source,
+            "source": self.source,
+            "ref": self.index if self.index >= 0 else None,
         }
         if graph is not None:
             return graph.signature(key, **fields)
@@ -204,6 +205,7 @@ class Specializer:
             if found is not None:
                 return found
             self.shared[share] = spec
+        spec.index = len(self.specs)
         self.specs.append(spec)
         return spec
 
