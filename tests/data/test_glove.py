@@ -78,6 +78,19 @@ def test_load_word_vectors(tiny_gz: Path) -> None:
     assert coverage == pytest.approx(5 / 6)
 
 
+def test_several_dims_side_by_side(tiny_gz: Path) -> None:
+    write_gz(tiny_gz.parent / "glove.6B.2d.sst.txt.gz", ["good 5 6", "other 7 8"])
+    vocab = Vocab(["good", "the", "other", "unseen"])
+    matrix, coverage = load_word_vectors(vocab, tiny_gz.parent, dim=(3, 2), seed=4)
+    three, _ = load_word_vectors(vocab, tiny_gz.parent, dim=3, seed=4)
+    two, _ = load_word_vectors(vocab, tiny_gz.parent, dim=2, seed=5)
+    assert matrix.shape == (len(vocab), 5)
+    assert torch.equal(matrix, torch.cat([three, two], dim=1))  # file k: seed + k
+    assert matrix[vocab["good"]].tolist() == pytest.approx([*TINY["good"], 5.0, 6.0])
+    assert matrix[vocab["other"], 3:].tolist() == pytest.approx([7.0, 8.0])
+    assert coverage == pytest.approx(3 / 4)  # found in either file: good, the, other
+
+
 def test_random_rows_are_seeded(tiny_gz: Path) -> None:
     vocab = Vocab(["unseen", "other", "the"])
     a, _ = load_word_vectors(vocab, tiny_gz, dim=3, seed=1)

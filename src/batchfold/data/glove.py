@@ -151,7 +151,7 @@ def glove_file(path: str | os.PathLike[str] | None = None, dim: int = 50) -> Pat
 def load_word_vectors(
     vocab: Vocab | Sequence[str],
     path: str | os.PathLike[str] | None = None,
-    dim: int = 50,
+    dim: int | Sequence[int] = 50,
     seed: int = 0,
     *,
     init_range: float = 0.05,
@@ -164,16 +164,21 @@ def load_word_vectors(
     uniform random vector in ``[-init_range, init_range)``; the random rows come from a
     generator seeded with ``seed`` and do not depend on which words were found.
 
+    Several dimensions read one file each and put the vectors side by side (``(50, 100)``
+    gives 150 columns: the 50d vector, then the 100d one), so a word missing from one file
+    still carries the other's vector; the ``k``-th file's random rows use seed ``seed + k``.
+
     Arguments:
         vocab: the vocabulary, or a plain list of words (row ``i`` for ``vocab[i]``).
         path: a GloVe file or a folder holding one (see :func:`glove_file`).
-        dim: the vector dimension.
+        dim: the vector dimension, or several (``path`` is then a folder).
         seed: the seed of the random vectors.
         init_range: the bound of the random vectors.
 
     Returns:
-        The ``[len(vocab), dim]`` float32 matrix, and the coverage: the fraction of the words
-        (not counting a :class:`Vocab`'s UNK entry) that have a GloVe vector.
+        The ``[len(vocab), sum of dim]`` float32 matrix, and the coverage: the fraction of the
+        words (not counting a :class:`Vocab`'s UNK entry) that have a GloVe vector in at least
+        one file.
 
     Raises:
         FileNotFoundError: no GloVe file was found.
@@ -189,15 +194,28 @@ def load_word_vectors(
     """
     words = vocab.words if isinstance(vocab, Vocab) else list(vocab)
     first = 1 if isinstance(vocab, Vocab) else 0  # the UNK row is never looked up
-    file = glove_file(path, dim)
     keys = [(word.lower(), unescape_word(word).lower()) for word in words[first:]]
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    matrices, found = [], set[int]()
+    for k, d in enumerate(dims):
+        matrix, rows = _matrix(keys, first, glove_file(path, d), d, seed + k, init_range)
+        matrices.append(matrix)
+        found.update(rows)
+    coverage = len(found) / len(keys) if keys else 0.0
+    return torch.cat(matrices, dim=1), coverage
+
+
+def _matrix(
+    keys: list[tuple[str, str]], first: int, file: Path, dim: int, seed: int, init_range: float
+) -> tuple[torch.Tensor, list[int]]:
+    """The ``[first + len(keys), dim]`` matrix of one file, and the rows it had vectors for."""
     wanted = {key for pair in keys for key in pair}
     found: dict[str, list[float]] = {}
     for line_no, word, values in _lines(file, dim):
         if word in wanted and word not in found:
             found[word] = _floats(values, file, line_no)
     generator = torch.Generator().manual_seed(seed)
-    matrix = torch.rand(len(words), dim, generator=generator, dtype=torch.float32) * 2 - 1
+    matrix = torch.rand(first + len(keys), dim, generator=generator, dtype=torch.float32) * 2 - 1
     matrix *= init_range
     rows: list[int] = []
     vectors: list[list[float]] = []
@@ -208,5 +226,4 @@ def load_word_vectors(
             vectors.append(vector)
     if rows:
         matrix[rows] = torch.tensor(vectors, dtype=torch.float32)
-    coverage = len(rows) / len(keys) if keys else 0.0
-    return matrix, coverage
+    return matrix, rows

@@ -48,6 +48,8 @@ METRICS = ("root_fine", "root_binary", "all_fine", "all_binary")
 
 N_CLASSES = 5
 NEUTRAL = 2
+SIDE_BY_SIDE = {150: (50, 100)}
+"""``--word-dim`` values read as several GloVe files side by side: 150 is 50d then 100d."""
 
 
 SentimentModel = TreeLSTMClassifier | TreeRNNClassifier
@@ -185,9 +187,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=50,
         help="word vector size; picks the GloVe file glove.6B.<dim>d: 50 (vectors for 91.8%% of "
-        "the SST words) or 100 (the partial file: 88.9%%, no vectors for 'a', \"'s\", \"n't\" "
-        "and other short tokens); words without a vector get the random initialisation "
-        "(default: %(default)s)",
+        "the SST words), 100 (the partial file: 88.9%%, no vectors for 'a', \"'s\", \"n't\" "
+        "and other short tokens) or 150 (the 50d and 100d vectors side by side); words "
+        "without a vector get the random initialisation (default: %(default)s)",
     )
     group.add_argument(
         "--cell",
@@ -294,9 +296,10 @@ class SSTTask:
             generator = torch.Generator().manual_seed(self.args.seed)
             shape = (len(self.vocab), self.args.word_dim)
             return (torch.rand(shape, generator=generator) * 2 - 1) * 0.05
+        dims = SIDE_BY_SIDE.get(self.args.word_dim, (self.args.word_dim,))
         try:
             vectors, coverage = load_word_vectors(
-                self.vocab, self.args.glove, self.args.word_dim, seed=self.args.seed
+                self.vocab, self.args.glove, dims, seed=self.args.seed
             )
         except FileNotFoundError as err:
             raise FileNotFoundError(
@@ -307,11 +310,11 @@ class SSTTask:
         dim = self.args.word_dim
         # Recorded in config.json as well as printed (the loop writes every option).
         self.args.glove_words = {"dim": dim, "found": found, "missing": words - found}
+        name = " + ".join(f"{d}d" for d in dims)
         print(
-            f"glove {dim}d: vectors for {found} of {words} words ({100 * coverage:.1f}%); "
+            f"glove {name}: vectors for {found} of {words} words ({100 * coverage:.1f}%); "
             f"{words - found} words without one get the usual random initialisation"
         )
-        return vectors
         return vectors
 
     def train_items(self) -> list[BinaryTree]:
