@@ -160,6 +160,17 @@ def test_a_plan_with_a_signature_without_ref_refuses_to_pickle() -> None:
         pickle.dumps(plan)
 
 
+def test_rows_stack_values_of_one_shape_in_the_order_given() -> None:
+    base = torch.randn(4, 2, dtype=F64)
+    store = Executor()
+    store.run(hand_built_plan(base))
+    want = by_hand(base)
+    pairs = [v(node) for node in range(11)]  # every [2] value: sources, neg, exp, add
+    for ids in (pairs, pairs[::-1], [v(9), v(0), v(8), v(1), v(9)], [v(4), v(5)], [v(6)]):
+        got = store.rows(np.asarray(ids, dtype=np.int64))
+        torch.testing.assert_close(got, torch.stack([want[i] for i in ids]), rtol=0, atol=0)
+
+
 def test_values_equal_value_in_any_order_and_carry_gradients() -> None:
     base = torch.randn(4, 2, dtype=F64, requires_grad=True)
     store = Executor()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any, Literal, cast, overload
 
 import numpy as np
@@ -66,27 +67,55 @@ class Executor:
 
     def values(self, vids: list[int]) -> list[Tensor]:
         """The tensors of many computed values: one gather per step output, then unbound."""
-        ids = np.asarray(vids, dtype=np.int64)
-        nodes = ids >> OUT_BITS
-        source = self.node_step[nodes] * (OUT_MASK + 1) + (ids & OUT_MASK)
-        rows = self.node_row[nodes]
         result: list[Tensor | None] = [None] * len(vids)
-        order = np.argsort(source, kind="stable")
-        cuts = np.flatnonzero(np.diff(source[order])) + 1
-        for group in np.split(order, cuts):
-            step, output = int(self.node_step[nodes[group[0]]]), int(ids[group[0]] & OUT_MASK)
-            tensor = self.outputs[step][output]
-            offsets = self.packed.get((step, output)) if self.packed else None
+        for group, tensor, offsets, rows in self._by_output(np.asarray(vids, dtype=np.int64)):
             if offsets is None:
-                index = torch.from_numpy(rows[group]).to(tensor.device)
+                index = torch.from_numpy(rows).to(tensor.device)
                 pieces = tensor.index_select(0, index).unbind(0)
             else:
-                starts, ends = offsets[rows[group]], offsets[rows[group] + 1]
+                starts, ends = offsets[rows], offsets[rows + 1]
                 index = torch.from_numpy(expand_rows(starts, ends - starts)).to(tensor.device)
                 pieces = tensor.index_select(0, index).split((ends - starts).tolist())
             for position, value in zip(group, pieces, strict=True):
                 result[position] = value
         return result  # type: ignore[return-value]
+
+    def rows(self, ids: np.ndarray) -> Tensor:
+        """Values of one shape, none of them packed, stacked along dim 0 in the order given.
+
+        One slice (rows in order) or gather per step output, then one permutation.
+        """
+        parts, order = [], []
+        for group, tensor, _, rows in self._by_output(ids):
+            order.append(group)
+            if rows[-1] - rows[0] == len(rows) - 1 and np.all(np.diff(rows) == 1):
+                parts.append(tensor[int(rows[0]) : int(rows[-1]) + 1])
+            else:
+                parts.append(tensor.index_select(0, torch.from_numpy(rows).to(tensor.device)))
+        stacked = parts[0] if len(parts) == 1 else torch.cat(parts)
+        placed = np.concatenate(order)
+        if np.all(np.diff(placed) == 1):
+            return stacked
+        inverse = np.empty_like(placed)
+        inverse[placed] = np.arange(len(placed))
+        return stacked.index_select(0, torch.from_numpy(inverse).to(stacked.device))
+
+    def _by_output(
+        self, ids: np.ndarray
+    ) -> Iterator[tuple[np.ndarray, Tensor, np.ndarray | None, np.ndarray]]:
+        """Value ids grouped by the step output holding them.
+
+        Yields, per output: the positions in ``ids``, the output tensor, its packed row
+        offsets (``None`` unless packed) and each value's row.
+        """
+        nodes = ids >> OUT_BITS
+        steps, rows = self.node_step[nodes], self.node_row[nodes]
+        source = steps * (OUT_MASK + 1) + (ids & OUT_MASK)
+        order = np.argsort(source, kind="stable")
+        for group in np.split(order, np.flatnonzero(np.diff(source[order])) + 1):
+            step, output = int(steps[group[0]]), int(ids[group[0]] & OUT_MASK)
+            offsets = self.packed.get((step, output)) if self.packed else None
+            yield group, self.outputs[step][output], offsets, rows[group]
 
     def run(self, plan: Plan) -> None:
         """Run every step of ``plan`` and record where the segment's nodes landed."""

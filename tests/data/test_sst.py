@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from batchfold.data import sst
-from batchfold.data.paths import find_data
+from batchfold.data.paths import cache_dir, find_data
 from batchfold.data.sst import SST_URL, SSTFormatError, Tree, load_sst, parse_tree, unescape_word
 
 NBSP = "\u00a0"
@@ -270,7 +270,7 @@ def test_load_sst_downloads_into_cache(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setattr(sst, "find_data", lambda name, path=None: None)
     monkeypatch.setattr(sst, "_download", fake_download)
     monkeypatch.setenv("BATCHFOLD_CACHE", str(tmp_path))
-    assert sst.cache_dir() == tmp_path / "sst"
+    assert cache_dir("sst") == tmp_path / "sst"
     assert [str(t) for t in load_sst("test")] == [SMALL_TREES[2]]
     assert sorted(p.name for p in (tmp_path / "sst").iterdir()) == [
         "dev.txt",

@@ -10,6 +10,7 @@ from conllu_samples import SMALL
 
 import batchfold.data.ud as ud
 from batchfold.data.conllu import Sentence, base_relation, parse_conllu
+from batchfold.data.paths import cache_dir
 from batchfold.data.ud import build_vocabs, load_ud
 from batchfold.data.vocab import LabelSet
 
@@ -85,7 +86,7 @@ def test_download_goes_to_the_cache_once(tmp_path: Path, monkeypatch: pytest.Mon
     assert len(load_ud("test")) == 2  # the second time from the cache
     assert urls == [ud.UD_EWT_URL.format(split="test")]
     assert (tmp_path / "ud-ewt" / "en_ewt-ud-test.conllu").read_text(encoding="utf-8") == SMALL
-    assert ud.cache_dir() == tmp_path / "ud-ewt"
+    assert cache_dir("ud-ewt") == tmp_path / "ud-ewt"
 
 
 # ----------------------------------------------------------------------------------------------

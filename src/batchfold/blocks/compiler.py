@@ -9,7 +9,6 @@ runs it with the engine's executor; ``model(inputs)`` does both.
 
 from __future__ import annotations
 
-import gc
 import time
 import zlib
 from collections.abc import Iterable
@@ -25,7 +24,7 @@ from ..execute import Executor
 from ..graph import Graph, Signature, TensorMeta
 from ..lazy import Lazy, Recorder
 from ..profile import Profile
-from ..schedule import Plan, Scheduler, schedule
+from ..schedule import Plan, Scheduler, check_scheduler, gc_paused, schedule
 from ..stats import Stats
 from .base import Block, Identity
 from .codegen import generate
@@ -103,8 +102,7 @@ class CompiledModel(nn.Module):
         batch_outputs: bool = True,
     ) -> None:
         super().__init__()
-        if scheduler not in ("agenda", "depth"):
-            raise ValueError(f"scheduler must be 'agenda' or 'depth', got {scheduler!r}")
+        check_scheduler(scheduler)
         if sequences not in ("padded", "concat"):
             raise ValueError(f"sequences must be 'padded' or 'concat', got {sequences!r}")
         self.root = convert_to_block(root)
@@ -190,26 +188,20 @@ class CompiledModel(nn.Module):
     def _record(self, tape: Tape, inputs: list[Any]) -> list[Any]:
         """Walk every input once, adding its nodes to the tape's graph."""
         walk, outs = self._walk, []
-        collecting = gc.isenabled()
-        gc.disable()  # recording makes many small acyclic objects; collections only cost time
-        try:
-            with deep_recursion():
-                for index, x in enumerate(inputs):
-                    tape.instance = index
-                    try:
-                        outs.append(walk(tape, x))
-                    except Exception as error:
-                        if isinstance(error, RecursionError) and (deep := too_deep(error, index)):
-                            raise deep from None  # its traceback is as deep as the input
-                        if not isinstance(error, BlockInputError):  # that one names the input
-                            # what BaseException.add_note does on 3.11+ (notes print under it)
-                            note = f"(raised while recording input {index} of the batch)"
-                            notes = [*getattr(error, "__notes__", []), note]
-                            setattr(error, "__notes__", notes)  # noqa: B010
-                        raise
-        finally:
-            if collecting:
-                gc.enable()
+        with gc_paused(), deep_recursion():
+            for index, x in enumerate(inputs):
+                tape.instance = index
+                try:
+                    outs.append(walk(tape, x))
+                except Exception as error:
+                    if isinstance(error, RecursionError) and (deep := too_deep(error, index)):
+                        raise deep from None  # its traceback is as deep as the input
+                    if not isinstance(error, BlockInputError):  # that one names the input
+                        # what BaseException.add_note does on 3.11+ (notes print under it)
+                        note = f"(raised while recording input {index} of the batch)"
+                        notes = [*getattr(error, "__notes__", []), note]
+                        setattr(error, "__notes__", notes)  # noqa: B010
+                    raise
         return outs
 
     def schedule(self, inputs: Iterable[Any]) -> BlockPlan:

@@ -16,7 +16,6 @@ import numpy as np
 import torch
 
 from ..execute import Executor
-from ..graph import OUT_BITS, OUT_MASK
 from ..schedule import Plan
 from .base import Block
 from .sequences import Repeat
@@ -171,28 +170,10 @@ def map_tensors(value: Any, t: Type, fn: Callable[[int, TensorType], Any]) -> An
 def gather_rows(
     store: Executor, ids: np.ndarray, t: TensorType, device: torch.device
 ) -> torch.Tensor:
-    """The values ``ids`` stacked along dim 0: one slice or gather per step output."""
+    """The values ``ids`` (of type ``t``) stacked along dim 0, ``[0, *shape]`` when empty."""
     if len(ids) == 0:
         return torch.zeros((0, *t.shape), dtype=t.dtype, device=device)
-    nodes, outs = ids >> OUT_BITS, ids & OUT_MASK
-    steps, rows = store.node_step[nodes], store.node_row[nodes]
-    source = steps * (OUT_MASK + 1) + outs
-    order = np.argsort(source, kind="stable")
-    cuts = np.flatnonzero(np.diff(source[order])) + 1
-    parts = []
-    for group in np.split(order, cuts):
-        outputs = store.outputs[int(steps[group[0]])]
-        tensor, picked = outputs[int(outs[group[0]])], rows[group]
-        if picked[-1] - picked[0] == len(picked) - 1 and np.all(np.diff(picked) == 1):
-            parts.append(tensor[int(picked[0]) : int(picked[-1]) + 1])
-        else:
-            parts.append(tensor.index_select(0, torch.from_numpy(picked).to(tensor.device)))
-    stacked = parts[0] if len(parts) == 1 else torch.cat(parts)
-    if np.all(np.diff(order) == 1):
-        return stacked
-    inverse = np.empty_like(order)
-    inverse[order] = np.arange(len(order))
-    return stacked.index_select(0, torch.from_numpy(inverse).to(stacked.device))
+    return store.rows(ids)
 
 
 def sequence_batch(

@@ -3,6 +3,7 @@
 Loaders call :func:`find_data` with the name of a data folder (``"sst"``, ``"glove-sst"``, ...).
 The search order is: the path the user gave; ``$BATCHFOLD_DATA/<name>``; ``shared/data/<name>``
 and ``../shared/data/<name>`` relative to the working directory and to the source checkout.
+Downloads go to :func:`cache_dir`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,25 @@ import os
 from pathlib import Path
 
 _CHECKOUT = Path(__file__).resolve().parents[3]
+
+
+def cache_dir(name: str) -> Path:
+    """The folder that downloaded copies of data set ``name`` are kept in.
+
+    Arguments:
+        name: the data set's folder name, such as ``"sst"``.
+
+    Returns:
+        ``$BATCHFOLD_CACHE/<name>`` when that variable is set, else
+        ``~/.cache/batchfold/<name>``.
+
+    Example:
+        >>> cache_dir("sst").name
+        'sst'
+    """
+    root = os.environ.get("BATCHFOLD_CACHE")
+    base = Path(root) if root else Path.home() / ".cache" / "batchfold"
+    return base / name
 
 
 def data_roots() -> list[Path]:

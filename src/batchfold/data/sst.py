@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from batchfold.data.paths import find_data
+from batchfold.data.paths import cache_dir, find_data
 from batchfold.errors import SSTFormatError
 
 __all__ = [
@@ -30,7 +30,6 @@ __all__ = [
     "SSTFormatError",
     "Split",
     "Tree",
-    "cache_dir",
     "load_sst",
     "parse_tree",
     "unescape_word",
@@ -339,21 +338,6 @@ def parse_tree(line: str, *, source: str = "<string>", line_no: int = 1) -> Tree
     return node
 
 
-def cache_dir() -> Path:
-    """The folder a downloaded SST copy is kept in.
-
-    Returns:
-        ``$BATCHFOLD_CACHE/sst`` when that variable is set, else ``~/.cache/batchfold/sst``.
-
-    Example:
-        >>> cache_dir().name
-        'sst'
-    """
-    root = os.environ.get("BATCHFOLD_CACHE")
-    base = Path(root) if root else Path.home() / ".cache" / "batchfold"
-    return base / "sst"
-
-
 def _download(url: str, dest: Path) -> None:
     """Fetch ``url`` into the file ``dest`` (written under a temporary name, then renamed)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -397,7 +381,7 @@ def _sst_folder(path: str | os.PathLike[str] | None) -> Path:
         return folder
     if path is not None:
         raise _not_found(f"no SST folder at {path}")
-    cache = cache_dir()
+    cache = cache_dir("sst")
     if all((cache / f"{split}.txt").is_file() for split in _SPLITS):
         return cache
     archive = cache / "trainDevTestTrees_PTB.zip"
@@ -417,7 +401,7 @@ def load_sst(split: Split, path: str | os.PathLike[str] | None = None) -> list[T
     """Read one split of the Stanford Sentiment Treebank.
 
     The folder holding ``<split>.txt`` is ``path`` when given, else the ``sst`` data folder
-    found by :func:`batchfold.data.paths.find_data`, else a copy in :func:`cache_dir`, which
+    found by :func:`batchfold.data.paths.find_data`, else a copy in :func:`~batchfold.data.paths.cache_dir`, which
     is downloaded from :data:`SST_URL` the first time.
 
     Arguments:

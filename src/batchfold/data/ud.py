@@ -2,7 +2,7 @@
 
 :func:`load_ud` reads one split of UD English-EWT (``en_ewt-ud-{train,dev,test}.conllu``, plain
 or gzipped) into a list of :class:`~batchfold.data.conllu.Sentence`, downloading it into
-:func:`cache_dir` when it is nowhere to be found. :func:`build_vocabs` makes the index maps a
+:func:`~batchfold.data.paths.cache_dir` when it is nowhere to be found. :func:`build_vocabs` makes the index maps a
 tagger or parser needs (words, characters, UPOS tags, dependency relations).
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 from batchfold.data.conllu import Sentence, read_conllu
-from batchfold.data.paths import data_roots, find_data
+from batchfold.data.paths import cache_dir, data_roots, find_data
 from batchfold.data.vocab import LabelSet, Vocab
 
 __all__ = [
@@ -26,7 +26,6 @@ __all__ = [
     "Split",
     "UDVocabs",
     "build_vocabs",
-    "cache_dir",
     "download_ud",
     "load_ud",
 ]
@@ -47,22 +46,6 @@ _SPLITS = ("train", "dev", "test")
 _DATA_NAME = "ud-ewt"
 
 
-def cache_dir() -> Path:
-    """The folder that downloaded EWT files are kept in.
-
-    Returns:
-        ``$BATCHFOLD_CACHE/ud-ewt`` when that variable is set, else
-        ``~/.cache/batchfold/ud-ewt``.
-
-    Example:
-        >>> cache_dir().name
-        'ud-ewt'
-    """
-    root = os.environ.get("BATCHFOLD_CACHE")
-    base = Path(root) if root else Path.home() / ".cache" / "batchfold"
-    return base / _DATA_NAME
-
-
 def download_ud(split: Split, folder: str | os.PathLike[str] | None = None) -> Path:
     """Download the raw CoNLL-U file of one EWT split from GitHub.
 
@@ -71,7 +54,7 @@ def download_ud(split: Split, folder: str | os.PathLike[str] | None = None) -> P
 
     Arguments:
         split: ``"train"``, ``"dev"`` or ``"test"``.
-        folder: where to put it; :func:`cache_dir` when ``None``.
+        folder: where to put it; :func:`~batchfold.data.paths.cache_dir` when ``None``.
 
     Returns:
         The path of ``en_ewt-ud-{split}.conllu``.
@@ -81,7 +64,7 @@ def download_ud(split: Split, folder: str | os.PathLike[str] | None = None) -> P
         OSError: the download failed (no network, HTTP error, ...).
     """
     _check_split(split)
-    target_dir = Path(folder) if folder is not None else cache_dir()
+    target_dir = Path(folder) if folder is not None else cache_dir(_DATA_NAME)
     target_dir.mkdir(parents=True, exist_ok=True)
     target = target_dir / f"en_ewt-ud-{split}.conllu"
     partial = target.with_name(target.name + ".part")
@@ -108,8 +91,8 @@ def load_ud(
     The file ``{treebank}-ud-{split}.conllu`` (or ``.conllu.gz``) is looked for in the folder
     ``path`` when given; otherwise in the ``ud-ewt`` data folder (see
     :func:`batchfold.data.paths.find_data`: ``$BATCHFOLD_DATA/ud-ewt``, then ``shared/data``),
-    then in :func:`cache_dir`. When English-EWT is still missing and no ``path`` was given, it
-    is downloaded into :func:`cache_dir` (see :func:`download_ud`).
+    then in :func:`~batchfold.data.paths.cache_dir`. When English-EWT is still missing and no ``path`` was given, it
+    is downloaded into :func:`~batchfold.data.paths.cache_dir` (see :func:`download_ud`).
 
     Arguments:
         split: ``"train"``, ``"dev"`` or ``"test"``.
@@ -133,7 +116,7 @@ def load_ud(
     if found is not None:
         folders.append(found)
     if path is None:
-        folders.append(cache_dir())
+        folders.append(cache_dir(_DATA_NAME))
     for folder in folders:
         for name in names:
             if (folder / name).is_file():
@@ -141,13 +124,13 @@ def load_ud(
     reason = ""
     if path is None and treebank == "en_ewt":
         try:
-            return read_conllu(download_ud(split, cache_dir()))
+            return read_conllu(download_ud(split, cache_dir(_DATA_NAME)))
         except OSError as err:
             reason = f" Downloading {UD_EWT_URL.format(split=split)} failed: {err}."
     if path is not None:
         looked = [Path(path)]
     else:
-        looked = [root / _DATA_NAME for root in data_roots()] + [cache_dir()]
+        looked = [root / _DATA_NAME for root in data_roots()] + [cache_dir(_DATA_NAME)]
     raise FileNotFoundError(
         f"{stem} (or {stem}.gz) was not found; looked in {', '.join(map(str, looked))}."
         f"{reason} Get UD English-EWT from {UD_EWT_REPO} (release files "

@@ -8,7 +8,6 @@ replaces lazy results by real tensors. The recorder active in a thread is found 
 
 from __future__ import annotations
 
-import gc
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, Literal, overload
@@ -16,7 +15,7 @@ from typing import Any, Literal, overload
 import torch
 
 from ..profile import Profile
-from ..schedule import Scheduler
+from ..schedule import Scheduler, check_scheduler, gc_paused
 from ..stats import Stats
 from . import macros
 from .context import active_recorder, active_stack
@@ -110,8 +109,7 @@ def batch_map(
         >>> stats.nodes, stats.steps
         (6, 3)
     """
-    if scheduler not in ("agenda", "depth"):
-        raise ValueError(f"scheduler must be 'agenda' or 'depth', got {scheduler!r}")
+    check_scheduler(scheduler)
     outer = active_recorder()
     if outer is not None and outer.driver.in_instance:
         if return_stats:
@@ -127,17 +125,13 @@ def batch_map(
     active = active_stack()
     active.append(rec)
     macros.install()
-    collecting = gc.isenabled()
-    gc.disable()  # recording makes many small acyclic objects; collections only cost time
     try:
-        with rec:
+        with gc_paused(), rec:
             results = rec.driver.run(fn, instances)
             rec.stats.instances = len(results)
             rec.flush()
             outputs = rec.materialize(results)
     finally:
-        if collecting:
-            gc.enable()
         macros.uninstall()
         active.remove(rec)
         rec.closed = True
