@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_leaves
 
 from ..graph import Signature, TensorMeta
 from ..lazy import Lazy
@@ -48,12 +49,6 @@ def device_of(modules: list[nn.Module]) -> torch.device:
         for tensor in module.buffers():
             return tensor.device
     return torch.device("cpu")
-
-
-def _flatten_out(out: Any) -> list[Any]:
-    if isinstance(out, (tuple, list)):
-        return [leaf for item in out for leaf in _flatten_out(item)]
-    return [out]
 
 
 def _type_of(out: Any, batch: int | None) -> Type:
@@ -135,7 +130,7 @@ class Function(Block):
 
         def batched(sig: Signature, inputs: list[torch.Tensor], n: int) -> Any:
             result = fn(*fill(args, inputs))
-            return tuple(_flatten_out(result)) if multi else result
+            return tuple(tree_leaves(result)) if multi else result
 
         rule = OpRule(self.name, batched)
         spec = ctx.spec(
@@ -276,7 +271,7 @@ def _per_instance_walk(
             with rec:
                 result = fn(*fill(args, lazies))
         ids = []
-        for value, t in zip(_flatten_out(result), outs, strict=True):
+        for value, t in zip(tree_leaves(result), outs, strict=True):
             if type(value) is not Lazy or value._rec is not rec:
                 raise tape.fail(
                     block, path, f"returned {short(value, 60)}, not a value computed from its input"

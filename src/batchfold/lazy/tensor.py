@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.utils._pytree import tree_leaves
 
 from ..graph import TensorMeta
 
@@ -302,15 +303,9 @@ _install_methods()
 
 def first_lazy(tree: Any) -> Lazy:
     """The first :class:`Lazy` in nested tuples, lists and dicts."""
-    stack = [tree]
-    while stack:
-        item = stack.pop()
+    for item in tree_leaves(tree):
         if type(item) is Lazy:
             return item
-        if isinstance(item, (list, tuple)):
-            stack.extend(item)
-        elif isinstance(item, dict):
-            stack.extend(item.values())
     raise AssertionError("no lazy value among the arguments")
 
 
