@@ -142,8 +142,14 @@ def test_a_plan_pickles_by_ref_and_runs_only_once_bound_again(source: str) -> No
     with pytest.raises(ValueError, match=r"step 0 \(zeros\) comes from a pickled plan"):
         Executor().run(back)
     by_ref = {s.sig.ref: s.sig for s in plan.steps}
+    source_payloads = list(base.unbind(0))  # what a front end supplies for a constant
     bound = Plan(
-        [dataclasses.replace(s, sig=by_ref[s.sig.ref], payloads=list(base)) for s in back.steps],
+        [
+            dataclasses.replace(
+                s, sig=by_ref[s.sig.ref], payloads=source_payloads if s.index == 0 else None
+            )
+            for s in back.steps
+        ],
         back.node_base,
         back.node_step,
         back.node_row,

@@ -15,7 +15,7 @@ import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Literal, TypeAlias, cast
+from typing import Any, Literal, TypeAlias
 
 import numpy as np
 
@@ -203,8 +203,8 @@ def schedule(
         return layout.plan(positions, inputs)
 
 
-def check_scheduler(scheduler: str) -> Scheduler:
-    """``scheduler`` if it names one, else a ValueError that lists both.
+def check_scheduler(scheduler: str) -> None:
+    """Refuse a scheduler name other than ``"agenda"`` and ``"depth"``.
 
     Example:
         >>> check_scheduler("fifo")
@@ -214,7 +214,6 @@ def check_scheduler(scheduler: str) -> Scheduler:
     """
     if scheduler not in ("agenda", "depth"):
         raise ValueError(f"scheduler must be 'agenda' or 'depth', got {scheduler!r}")
-    return cast(Scheduler, scheduler)
 
 
 @contextmanager

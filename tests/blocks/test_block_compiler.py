@@ -133,6 +133,18 @@ def test_a_plan_runs_on_the_weights_of_the_model_that_runs_it():
     (_, constant), _ = clone.run(pickle.loads(pickled))
     constant.sum().backward()
     assert big.grad is None and clone.tensors[0].grad is not None  # the clone's parameter
+    # Weights updated in place between schedule and run (an optimizer step while a
+    # DataLoader prepares the next plan) are the ones the plan runs on, constants included.
+    plan = model.schedule(inputs)
+    pickled = pickle.dumps(plan)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.5)
+    want, _ = model(inputs)
+    for candidate in (plan, pickle.loads(pickled)):
+        got, _ = model.run(candidate)
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
     other = compile(Map(Scalar()) >> Sum())
     for candidate in (plan, pickle.loads(pickled)):
         with pytest.raises(ValueError, match="scheduled by a model with other ops"):
