@@ -157,3 +157,37 @@ def test_the_loop_runs_any_task(tmp_path: Path) -> None:
 def test_a_diverging_loss_stops_with_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(FloatingPointError, match="the linear loss is inf at epoch 1, batch 1"):
         loop.train(LinearTask(scale=1e30), linear_args(tmp_path))
+
+
+def test_cosine_schedule_sets_each_epochs_rate_and_fixes_the_epoch_count(tmp_path: Path) -> None:
+    cosine = ("--optimizer", "adam", "--lr", "0.1", "--lr-schedule", "cosine", "--epochs", "3")
+    loop.train(LinearTask(), linear_args(tmp_path / "straight", *cosine))
+    history = read_jsonl(tmp_path / "straight" / "metrics.jsonl")
+    assert [r["lr_scale"] for r in history] == pytest.approx([1.0, 0.5, 0.0])
+    state = loop.load_checkpoint(tmp_path / "straight" / "last.pt")
+    assert state["optimizer"]["param_groups"][0]["lr"] == pytest.approx(0.0)
+    assert state["optimizer"]["param_groups"][0]["initial_lr"] == 0.1
+
+    resumed = tmp_path / "resumed"
+    first = linear_args(resumed, *cosine)
+    first.epochs = 2  # stop early by hand: --epochs may not change on resume with a schedule
+    with pytest.raises(loop.ConfigError, match="epochs: 2 -> 3"):
+        loop.train(LinearTask(), first)
+        loop.train(LinearTask(), linear_args(resumed, *cosine, "--resume"))
+    a = loop.load_checkpoint(tmp_path / "straight" / "last.pt")["model"]
+    # the schedule is a function of the epoch: rerunning epochs 1-3 in one go gives the same run
+    loop.train(LinearTask(), linear_args(tmp_path / "again", *cosine))
+    b = loop.load_checkpoint(tmp_path / "again" / "last.pt")["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_constant_schedule_with_weight_decay_shrinks_the_weights(tmp_path: Path) -> None:
+    plain = ("--optimizer", "adam", "--lr", "0.1", "--epochs", "3")
+    loop.train(LinearTask(), linear_args(tmp_path / "plain", *plain))
+    loop.train(LinearTask(), linear_args(tmp_path / "decay", *plain, "--weight-decay", "10"))
+    norms = [
+        loop.load_checkpoint(tmp_path / run / "last.pt")["model"]["weight"].norm().item()
+        for run in ("plain", "decay")
+    ]
+    assert norms[1] < norms[0]
+    assert "lr_scale" not in read_jsonl(tmp_path / "plain" / "metrics.jsonl")[0]

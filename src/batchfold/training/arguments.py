@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["DEFAULT_LR", "add_arguments", "add_eval_arguments"]
+__all__ = ["DEFAULT_LR", "LR_SCHEDULES", "add_arguments", "add_eval_arguments"]
 
 DEFAULT_LR = {"adagrad": 0.05, "adam": 0.001}
 """The learning rate used when neither ``--lr`` nor the task sets one, per optimizer."""
+
+LR_SCHEDULES = ("constant", "cosine")
+"""The values of ``--lr-schedule`` (see :mod:`batchfold.training.optim`)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser, task_name: str) -> None:
@@ -45,6 +48,25 @@ def add_arguments(parser: argparse.ArgumentParser, task_name: str) -> None:
         help="the learning rate (default: the task's, else "
         + ", ".join(f"{lr} with {name}" for name, lr in DEFAULT_LR.items())
         + ")",
+    )
+    group.add_argument(
+        "--lr-schedule",
+        choices=LR_SCHEDULES,
+        default="constant",
+        help="the rate over epochs: constant, or cosine (from --lr at the first epoch down to "
+        "--min-lr-scale times it at the last) (default: %(default)s)",
+    )
+    group.add_argument(
+        "--min-lr-scale",
+        type=float,
+        default=0.0,
+        help="the cosine schedule's last rate as a share of --lr (default: %(default)s)",
+    )
+    group.add_argument(
+        "--weight-decay",
+        type=float,
+        default=0.0,
+        help="L2 penalty on every weight, added to the gradients (default: %(default)s)",
     )
     group.add_argument(
         "--batch-size", type=int, default=32, help="items per batch (default: %(default)s)"

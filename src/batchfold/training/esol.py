@@ -5,7 +5,8 @@ ESOL (Delaney 2004, part of MoleculeNet) gives the measured log solubility (log 
 deviation; the loss is the squared error of the standardised target, and the metrics are
 in log mol/L: RMSE (``rmse``, which picks the best checkpoint, lower being better) and
 MAE (``mae``). Data, split, model and front-end options are
-:func:`~batchfold.training.molecules.add_molecule_arguments`'.
+:func:`~batchfold.training.molecules.add_molecule_arguments`'. The defaults train for 100
+epochs with the learning rate on a cosine schedule (``--lr-schedule cosine``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 from torch import Tensor
 
 from batchfold.data.molecules import Molecule, load_esol
-from batchfold.training.molecules import MoleculeTask, add_molecule_arguments, labels_of
+from batchfold.training.molecules import MoleculeTask, labels_of
 
 __all__ = ["ESOLTask", "add_arguments", "make_task", "regression_metrics"]
 
@@ -45,32 +46,6 @@ def regression_metrics(predicted: Tensor, target: Tensor) -> dict[str, float]:
     return {"rmse": error.pow(2).mean().sqrt().item(), "mae": error.abs().mean().item()}
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the ESOL options to ``parser`` and set the ESOL defaults of the loop's options.
-
-    Arguments:
-        parser: the ``batchfold train esol`` parser.
-    """
-    add_molecule_arguments(
-        parser,
-        "ESOL (aqueous solubility, MoleculeNet)",
-        "delaney-processed.csv or its folder (default: $BATCHFOLD_DATA/esol or shared/data/esol)",
-    )
-    parser.set_defaults(epochs=40)
-
-
-def make_task(args: argparse.Namespace) -> ESOLTask:
-    """The ESOL task for the parsed options (the data is read and featurized here).
-
-    Arguments:
-        args: the options of :func:`add_arguments` and of the training loop.
-
-    Returns:
-        The task.
-    """
-    return ESOLTask(args)
-
-
 class ESOLTask(MoleculeTask):
     """Solubility regression on ESOL with a Weave model (see the module docstring).
 
@@ -86,6 +61,12 @@ class ESOLTask(MoleculeTask):
     best_metric = "rmse"
     lower_is_better = True
     n_tasks = 1
+    title = "ESOL (aqueous solubility, MoleculeNet)"
+    data_help = (
+        "delaney-processed.csv or its folder (default: $BATCHFOLD_DATA/esol or shared/data/esol)"
+    )
+    epochs = 100
+    lr_schedule = "cosine"  # chosen on dev: a constant rate leaves dev RMSE jumping by 0.3
 
     def __init__(self, args: argparse.Namespace) -> None:
         super().__init__(args, load_esol)
@@ -105,3 +86,7 @@ class ESOLTask(MoleculeTask):
         labels, _ = labels_of(molecules, outputs.device)
         predicted = outputs[:, 0].double() * self.std + self.mean
         return regression_metrics(predicted, labels[:, 0].double())
+
+
+add_arguments = ESOLTask.add_arguments
+make_task = ESOLTask  # the task for the parsed options (the data is read and featurized here)

@@ -40,6 +40,7 @@ from batchfold.training.checkpoint import (
     set_rng_state,
     write_checkpoint,
 )
+from batchfold.training.optim import make_optimizer, set_epoch_lr
 from batchfold.training.plot import plot_curves
 from batchfold.training.report import write_report
 from batchfold.training.sample import MAX_ITEMS, profile_batch
@@ -63,6 +64,8 @@ _FREE_ON_RESUME = frozenset(
     {"epochs", "resume", "device", "threads", "out", "compare_batches", "progress"}
     | {"glove_words"}  # what the SST task found in the GloVe file, not an option
 )
+# Options added after runs were saved: a checkpoint without them ran with these values.
+_ADDED_LATER = {"lr_schedule": "constant", "min_lr_scale": 0.0, "weight_decay": 0.0}
 
 
 def seed_everything(seed: int) -> None:
@@ -151,16 +154,23 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _check_resume_config(saved: dict[str, Any], now: dict[str, Any], file: Path) -> None:
+    saved = {**_ADDED_LATER, **saved}
+    free = (
+        _FREE_ON_RESUME - {"epochs"}
+        if now.get("lr_schedule", "constant") != "constant"
+        else _FREE_ON_RESUME
+    )
     changed = [
         key
         for key in sorted(saved.keys() | now.keys())
-        if key not in _FREE_ON_RESUME and saved.get(key) != now.get(key)
+        if key not in free and saved.get(key) != now.get(key)
     ]
     if changed:
         detail = ", ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in changed)
         raise ConfigError(
             f"--resume from {file} with different options ({detail}). Resume with the options "
-            "of the first run (only --epochs, --device, --threads may change), or start a new "
+            "of the first run (only --epochs, --device, --threads may change; not --epochs with "
+            "a learning-rate schedule, which depends on it), or start a new "
             "run in another --out folder."
         )
 
@@ -305,16 +315,6 @@ def _synchronize(device: torch.device) -> None:
 # -- the run ----------------------------------------------------------------------------------
 
 
-def _make_optimizer(name: str, groups: list[dict[str, Any]], lr: float) -> torch.optim.Optimizer:
-    if name == "adagrad":
-        # TensorFlow's starting accumulator (Fold's sentiment model): the first steps are not
-        # full lr-sized sign steps on every weight, as they are when it starts at 0.
-        return torch.optim.Adagrad(groups, lr=lr, initial_accumulator_value=0.1)
-    if name == "adam":
-        return torch.optim.Adam(groups, lr=lr)
-    raise ConfigError(f"unknown optimizer {name!r}; expected one of {sorted(DEFAULT_LR)}")
-
-
 def _read_history(file: Path, up_to: int) -> list[dict[str, Any]]:
     if not file.is_file():
         return []
@@ -355,7 +355,9 @@ def train(task: Task, args: argparse.Namespace) -> dict[str, Any]:
     model = task.build_model().to(args.device)  # the same initial weights on every rank
     if ranks.world > 1:
         torch.manual_seed(args.seed + 7919 * ranks.rank)  # each rank draws its own dropout
-    optimizer = _make_optimizer(args.optimizer, task.param_groups(model, args.lr), args.lr)
+    optimizer = make_optimizer(
+        args.optimizer, task.param_groups(model, args.lr), args.lr, args.weight_decay
+    )
     lower = bool(getattr(task, "lower_is_better", False))
     first_epoch, best, history = 1, {"epoch": 0, "value": math.inf if lower else -math.inf}, []
     if args.resume:
@@ -381,6 +383,9 @@ def train(task: Task, args: argparse.Namespace) -> dict[str, Any]:
         )
     for epoch in range(first_epoch, args.epochs + 1):
         record: dict[str, Any] = {"epoch": epoch}
+        scale = set_epoch_lr(optimizer, args.lr_schedule, epoch, args.epochs, args.min_lr_scale)
+        if args.lr_schedule != "constant":
+            record["lr_scale"] = scale
         record.update(_train_epoch(task, model, optimizer, items, args, epoch, ranks))
         if not ranks.main:  # rank 0 evaluates and writes; the others wait for the next epoch
             distributed.barrier(ranks)

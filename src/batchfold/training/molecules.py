@@ -151,8 +151,26 @@ class MoleculeTask(abc.ABC):
     name: str
     best_metric: str
     n_tasks: int
+    title: str
+    """The title of the task's option group."""
+    data_help: str
+    """What ``--data`` defaults to."""
+    epochs: int
+    """The task's default ``--epochs``."""
+    lr_schedule = "constant"
+    """The task's default ``--lr-schedule``."""
     lower_is_better = False
     unit = "molecules"
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """Add the task's options to ``parser`` and set its defaults of the loop's options.
+
+        Arguments:
+            parser: the ``batchfold train <task>`` parser.
+        """
+        add_molecule_arguments(parser, cls.title, cls.data_help)
+        parser.set_defaults(epochs=cls.epochs, lr_schedule=cls.lr_schedule)
 
     def __init__(self, args: argparse.Namespace, load: Callable[..., MoleculeSet]) -> None:
         self.args = args

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from batchfold.data.molecules import TOX21_TASKS, Molecule, load_tox21
-from batchfold.training.molecules import MoleculeTask, add_molecule_arguments, labels_of
+from batchfold.training.molecules import MoleculeTask, labels_of
 
 __all__ = ["Tox21Task", "add_arguments", "make_task", "masked_bce", "mean_roc_auc", "roc_auc"]
 
@@ -112,33 +112,6 @@ def mean_roc_auc(scores: Tensor, labels: Tensor, mask: Tensor) -> float:
     return sum(valid) / len(valid) if valid else math.nan
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the Tox21 options to ``parser`` and set the Tox21 defaults of the loop's options.
-
-    Arguments:
-        parser: the ``batchfold train tox21`` parser.
-    """
-    add_molecule_arguments(
-        parser,
-        "Tox21 (12 toxicity assays, MoleculeNet)",
-        "tox21.csv (or .csv.gz) or its folder (default: $BATCHFOLD_DATA/moleculenet or "
-        "shared/data/moleculenet)",
-    )
-    parser.set_defaults(epochs=20)
-
-
-def make_task(args: argparse.Namespace) -> Tox21Task:
-    """The Tox21 task for the parsed options (the data is read and featurized here).
-
-    Arguments:
-        args: the options of :func:`add_arguments` and of the training loop.
-
-    Returns:
-        The task.
-    """
-    return Tox21Task(args)
-
-
 class Tox21Task(MoleculeTask):
     """Toxicity classification on Tox21's 12 assays with a Weave model (see the module docstring).
 
@@ -153,6 +126,12 @@ class Tox21Task(MoleculeTask):
     name = "tox21"
     best_metric = "roc_auc"
     n_tasks = len(TOX21_TASKS)
+    title = "Tox21 (12 toxicity assays, MoleculeNet)"
+    data_help = (
+        "tox21.csv (or .csv.gz) or its folder (default: $BATCHFOLD_DATA/moleculenet or "
+        "shared/data/moleculenet)"
+    )
+    epochs = 20
 
     def __init__(self, args: argparse.Namespace) -> None:
         super().__init__(args, load_tox21)
@@ -166,3 +145,7 @@ class Tox21Task(MoleculeTask):
         """The mean ROC-AUC over the assays."""
         labels, mask = labels_of(molecules, outputs.device)
         return {"roc_auc": mean_roc_auc(outputs, labels, mask)}
+
+
+add_arguments = Tox21Task.add_arguments
+make_task = Tox21Task  # the task for the parsed options (the data is read and featurized here)
