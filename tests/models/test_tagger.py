@@ -163,3 +163,24 @@ def test_task_rejects_another_model_and_an_empty_training_set(tmp_path: Path) ->
 
 def _splits(train: list[Sentence]) -> UDSplits:
     return UDSplits(train, train, train)
+
+
+def test_glove_vectors_start_the_words_they_cover(tmp_path: Path, capsys) -> None:
+    train = random_sentences(6, random.Random(3))
+    glove = tmp_path / "glove.txt"
+    glove.write_text("dog 1 2 3\nthe 4 5 6\nmr. 7 8 9\n")  # looked up lowercased
+    task = TaggerTask(_splits(train), word_dim=3, char_dim=0, hidden=2, glove=str(glove), seed=1)
+    words = task.vocabs.words
+    present = [w for w in ("dog", "the", "Mr.") if w in words.words]
+    assert "glove 3d: vectors for" in capsys.readouterr().out
+    assert task.glove_words is not None and task.glove_words["found"] == len(present)
+    model = task.build_model()
+    assert isinstance(model, BiLSTMTagger)
+    weight = model.word_embedding.weight
+    expected = {"dog": [1.0, 2.0, 3.0], "the": [4.0, 5.0, 6.0], "Mr.": [7.0, 8.0, 9.0]}
+    for word in present:
+        assert weight[words.encode([word])[0]].tolist() == expected[word]
+    missing = [i for i, w in enumerate(words.words) if w not in expected]
+    assert weight[missing].abs().max() <= 0.05  # the usual small random start
+    with pytest.raises(FileNotFoundError):
+        TaggerTask(_splits(train), word_dim=3, glove=str(tmp_path / "none.txt"))

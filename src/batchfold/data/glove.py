@@ -19,10 +19,20 @@ from batchfold.data.paths import find_data
 from batchfold.data.sst import unescape_word
 from batchfold.data.vocab import Vocab
 
-__all__ = ["GLOVE_URL", "glove_file", "iter_glove", "load_word_vectors"]
+__all__ = [
+    "GLOVE_URL",
+    "SIDE_BY_SIDE",
+    "glove_file",
+    "iter_glove",
+    "load_word_vectors",
+    "word_vectors",
+]
 
 GLOVE_URL = "https://nlp.stanford.edu/data/glove.6B.zip"
 """Where Stanford distributes the GloVe 6B vectors (50, 100, 200 and 300 dimensions)."""
+
+SIDE_BY_SIDE = {150: (50, 100)}
+"""Word vector sizes read as several GloVe files side by side (150: the 50d and the 100d)."""
 
 
 def _open(file: Path) -> TextIO:
@@ -227,3 +237,48 @@ def _matrix(
     if rows:
         matrix[rows] = torch.tensor(vectors, dtype=torch.float32)
     return matrix, rows
+
+
+def word_vectors(
+    vocab: Vocab | Sequence[str],
+    path: str | os.PathLike[str] | None,
+    word_dim: int,
+    seed: int = 0,
+) -> tuple[torch.Tensor, dict[str, int]]:
+    """:func:`load_word_vectors` for a word vector size, with a printed coverage line.
+
+    ``word_dim`` picks the file ``glove.6B.<word_dim>d``, or several side by side
+    (:data:`SIDE_BY_SIDE`). The line printed says how many words have a vector.
+
+    Arguments:
+        vocab: the vocabulary (row ``i`` for word ``i``; a :class:`Vocab`'s UNK row is random).
+        path: a GloVe file or a folder (``None``: the project's data folder).
+        word_dim: the vector size.
+        seed: the seed of the random vectors.
+
+    Returns:
+        The ``[len(vocab), word_dim]`` matrix, and ``{"dim", "found", "missing"}``: the size
+        and how many words have a vector or lack one.
+
+    Raises:
+        FileNotFoundError: no GloVe file of that size was found.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> f = pathlib.Path(tempfile.mkdtemp()) / "tiny.txt"
+        >>> _ = f.write_text("good 1 2\\n")
+        >>> matrix, words = word_vectors(Vocab(["good", "meh"]), f, 2)
+        glove 2d: vectors for 1 of 2 words (50.0%); 1 words without one get the usual random initialisation
+        >>> matrix.shape, words
+        (torch.Size([3, 2]), {'dim': 2, 'found': 1, 'missing': 1})
+    """
+    dims = SIDE_BY_SIDE.get(word_dim, (word_dim,))
+    vectors, coverage = load_word_vectors(vocab, path, dims, seed=seed)
+    words = len(vocab) - (1 if isinstance(vocab, Vocab) else 0)  # UNK is never looked up
+    found = round(coverage * words)
+    name = " + ".join(f"{d}d" for d in dims)
+    print(
+        f"glove {name}: vectors for {found} of {words} words ({100 * coverage:.1f}%); "
+        f"{words - found} words without one get the usual random initialisation"
+    )
+    return vectors, {"dim": word_dim, "found": found, "missing": words - found}

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 import batchfold as bf
 from batchfold.blocks import CompiledModel
 from batchfold.blocks import compile as compile_blocks
-from batchfold.data.glove import load_word_vectors
+from batchfold.data.glove import word_vectors
 from batchfold.data.sst import Tree, load_sst
 from batchfold.data.trees import BinaryTree
 from batchfold.data.vocab import Vocab
@@ -48,8 +48,6 @@ METRICS = ("root_fine", "root_binary", "all_fine", "all_binary")
 
 N_CLASSES = 5
 NEUTRAL = 2
-SIDE_BY_SIDE = {150: (50, 100)}
-"""``--word-dim`` values read as several GloVe files side by side: 150 is 50d then 100d."""
 
 
 SentimentModel = TreeLSTMClassifier | TreeRNNClassifier
@@ -296,25 +294,16 @@ class SSTTask:
             generator = torch.Generator().manual_seed(self.args.seed)
             shape = (len(self.vocab), self.args.word_dim)
             return (torch.rand(shape, generator=generator) * 2 - 1) * 0.05
-        dims = SIDE_BY_SIDE.get(self.args.word_dim, (self.args.word_dim,))
         try:
-            vectors, coverage = load_word_vectors(
-                self.vocab, self.args.glove, dims, seed=self.args.seed
+            vectors, found = word_vectors(
+                self.vocab, self.args.glove, self.args.word_dim, seed=self.args.seed
             )
         except FileNotFoundError as err:
             raise FileNotFoundError(
                 f"{err} On the command line: --glove PATH, or --glove none for random vectors."
             ) from err
-        words = len(self.vocab) - 1  # UNK is never looked up
-        found = round(coverage * words)
-        dim = self.args.word_dim
         # Recorded in config.json as well as printed (the loop writes every option).
-        self.args.glove_words = {"dim": dim, "found": found, "missing": words - found}
-        name = " + ".join(f"{d}d" for d in dims)
-        print(
-            f"glove {name}: vectors for {found} of {words} words ({100 * coverage:.1f}%); "
-            f"{words - found} words without one get the usual random initialisation"
-        )
+        self.args.glove_words = found
         return vectors
 
     def train_items(self) -> list[BinaryTree]:

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from batchfold.data.conllu import Sentence
+from batchfold.data.glove import word_vectors
 from batchfold.models.tagger import BiLSTMTagger, predict_tags, sentence_losses
 from batchfold.schedule import Scheduler
 from batchfold.training.ud import (
@@ -59,7 +60,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser: the parser of ``batchfold train tagger``.
     """
     add_ud_arguments(parser)
-    add_option(parser, "--word-dim", type=int, default=100, help="word vector size")
+    add_option(
+        parser,
+        "--word-dim",
+        type=int,
+        default=100,
+        help="word vector size; with --glove, 50, 100 or 150 (50d and 100d side by side)",
+    )
+    add_option(
+        parser,
+        "--glove",
+        default=None,
+        metavar="PATH",
+        help="start the word vectors from GloVe (a file or a folder; 'data' for the glove-sst "
+        "data folder); words without a vector keep the random initialisation (default: none)",
+    )
     add_option(
         parser,
         "--char-dim",
@@ -83,6 +98,9 @@ class TaggerTask(UDTask[BiLSTMTagger]):
         hidden: the BiLSTM size per direction.
         layers: the number of BiLSTM layers.
         word_dropout: the word dropout ``alpha``.
+        glove: start the word vectors from the GloVe vectors in this file or folder (``"data"``:
+            the project's data folder), or ``None`` for random ones.
+        seed: the seed of the random vectors of words GloVe lacks.
         eval_batch: sentences per ``batch_map`` call when evaluating.
         scheduler: ``batch_map``'s scheduler.
 
@@ -103,6 +121,8 @@ class TaggerTask(UDTask[BiLSTMTagger]):
         hidden: int = 125,
         layers: int = 1,
         word_dropout: float = 0.25,
+        glove: str | None = None,
+        seed: int = 0,
         eval_batch: int = 512,
         scheduler: Scheduler = "agenda",
     ) -> None:
@@ -112,6 +132,11 @@ class TaggerTask(UDTask[BiLSTMTagger]):
         self.sizes = {"word_dim": word_dim, "char_dim": char_dim, "hidden": hidden}
         self.layers = layers
         self.word_dropout = word_dropout
+        self.vectors: Tensor | None = None
+        self.glove_words: dict[str, int] | None = None  # how many words GloVe covers
+        if glove is not None:
+            path = None if glove == "data" else glove
+            self.vectors, self.glove_words = word_vectors(self.vocabs.words, path, word_dim, seed)
 
     def train_items(self) -> Sequence[Sentence]:
         """The training sentences.
@@ -127,13 +152,17 @@ class TaggerTask(UDTask[BiLSTMTagger]):
         Returns:
             The model.
         """
-        return BiLSTMTagger(
+        model = BiLSTMTagger(
             self.vocabs,
             **self.sizes,
             layers=self.layers,
             word_counts=self.word_counts,
             word_dropout=self.word_dropout,
         )
+        if self.vectors is not None:
+            with torch.no_grad():
+                model.word_embedding.weight.copy_(self.vectors)
+        return model
 
     def summed_loss(
         self, model: BiLSTMTagger, batch: Sequence[Sentence], batched: bool
@@ -188,9 +217,13 @@ def make_task(args: argparse.Namespace) -> TaggerTask:
         hidden=args.hidden,
         layers=args.layers,
         word_dropout=args.word_dropout,
+        glove=args.glove,
+        seed=args.seed,
         eval_batch=args.eval_batch_size,
         scheduler=getattr(args, "scheduler", "agenda"),
     )
+    if task.glove_words is not None:
+        args.glove_words = task.glove_words  # recorded in config.json
     v = task.vocabs
     print(
         f"tagger: {describe_splits(task.splits)}; {len(v.words)} words, {len(v.chars)} "
