@@ -244,3 +244,29 @@ def test_a_shared_tensor_that_fixes_the_length_is_refused_at_every_new_length() 
         join(torch.randn(4, 2, dtype=torch.float64))
     with pytest.raises(bf.ShapeError, match="cat"):  # not skipped as a known family's length
         bf.batch_map(join, [*xs, torch.randn(4, 2, dtype=torch.float64)])
+
+
+def _many_readers(x: torch.Tensor) -> torch.Tensor:
+    h = _h(x)  # one packed value, read by ops of every kind below
+    rows = out(h) * h[:, :2]  # row-wise
+    pooled = h.sum(0) + h.amax(0)  # reductions over the rows
+    picked = h[_index(x, 1)].sum(0)  # rows picked by a per-instance index
+    fallback = h.flip(0).cumsum(0)[-1]  # ops without a ragged rule, grouped by shape
+    return rows.sum(0).sum() + pooled + picked + fallback
+
+
+@pytest.mark.parametrize("scheduler", ["agenda", "depth"])
+def test_a_packed_value_with_many_readers_is_handed_out_once(scheduler: Scheduler) -> None:
+    xs = _batch(True, seed=5)
+    got, stats = bf.batch_map(_many_readers, xs, scheduler=scheduler, return_stats=True)
+    want = [_many_readers(x) for x in xs]
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+    for g, w in zip(_grads(got), _grads(want), strict=True):
+        assert (g is None) == (w is None)
+        if g is not None:
+            torch.testing.assert_close(g, w)
+    assert stats.plan is not None
+    (tanh,) = [s for s in stats.plan.steps if s.sig.name == "tanh"]
+    assert tanh.lengths is not None and len(tanh.fanouts) == 1  # packed, and fanned out
+    assert len(tanh.fanouts[0].sizes) >= 4  # one chunk per reading step

@@ -21,7 +21,7 @@ from .graph import OUT_BITS, OUT_MASK, Signature
 from .ops import LOOP, VMAP
 from .profile import Profile, StepClock, mark
 from .ragged import expand_rows, run_family
-from .schedule import UNBOUND, Gather, Plan, Step
+from .schedule import UNBOUND, Fanout, Gather, Plan, Step
 
 Tensor = torch.Tensor
 
@@ -48,6 +48,8 @@ class Executor:
         self.fallbacks = Fallbacks()
         self.chunks: dict[tuple[int, int], tuple[Tensor, ...]] = {}  # (step, output) -> fanout
         self.packed: dict[tuple[int, int], np.ndarray] = {}  # (step, output) -> row offsets
+        # (step, output) of a packed fanout -> each chunk's row offsets
+        self.chunk_offsets: dict[tuple[int, int], list[np.ndarray]] = {}
         self.profile: Profile | None = None  # set to time every step
 
     @property
@@ -134,12 +136,29 @@ class Executor:
                     if ragged:
                         self.packed[step.index, j] = offsets
             for fanout in step.fanouts:
-                out = outs[fanout.output]
+                out, key = outs[fanout.output], (step.index, fanout.output)
+                offsets = self.packed.get(key) if self.packed else None
+                if offsets is not None:
+                    self.chunks[key] = self._fan_out_packed(key, out, offsets, fanout)
+                    continue
                 if fanout.rows is not None:
                     out = out.index_select(0, torch.from_numpy(fanout.rows).to(out.device))
-                self.chunks[step.index, fanout.output] = out.split(fanout.sizes)
+                self.chunks[key] = out.split(fanout.sizes)
         self.node_step = np.concatenate([self.node_step, plan.node_step])
         self.node_row = np.concatenate([self.node_row, plan.node_row])
+
+    def _fan_out_packed(
+        self, key: tuple[int, int], out: Tensor, offsets: np.ndarray, fanout: Fanout
+    ) -> tuple[Tensor, ...]:
+        """A packed output's chunks: each reader's nodes' rows, in one gather and one split."""
+        nodes = np.arange(len(offsets) - 1) if fanout.rows is None else fanout.rows
+        starts, lengths = offsets[nodes], offsets[nodes + 1] - offsets[nodes]
+        if fanout.rows is not None:
+            index = torch.from_numpy(expand_rows(starts, lengths)).to(out.device)
+            out = out.index_select(0, index)
+        per_chunk = np.split(lengths, np.cumsum(fanout.sizes)[:-1])
+        self.chunk_offsets[key] = [np.concatenate([[0], np.cumsum(x)]) for x in per_chunk]
+        return out.split([int(x.sum()) for x in per_chunk])
 
     def _run_step(self, step: Step) -> tuple[Tensor, ...]:
         if self.profile is not None:
@@ -213,11 +232,7 @@ class Executor:
 
     def _reads_packed(self, gather: Gather) -> bool:
         packed = self.packed
-        return any(
-            (part[0], part[1]) in packed
-            for part in gather.parts
-            if len(part) == 4 or type(part[2]) is not int
-        )
+        return any((part[0], part[1]) in packed for part in gather.parts)
 
     @overload
     def _gather_rows(self, gather: Gather, flat: bool = ...) -> Tensor: ...
@@ -234,15 +249,18 @@ class Executor:
         """
         pieces, lengths = [], []
         for part in gather.parts:
-            if len(part) == 3 and type(part[2]) is int:  # a fanout chunk: never packed
-                source, rows, offsets = self.chunks[part[0], part[1]][part[2]], None, None
+            if len(part) == 3 and type(part[2]) is int:  # a fanout chunk: its rows in order
+                key, j = (part[0], part[1]), part[2]
+                source = self.chunks[key][j]
+                chunk_offsets = self.chunk_offsets.get(key)
+                offsets = None if chunk_offsets is None else chunk_offsets[j]
+                rows = np.arange(len(source) if offsets is None else len(offsets) - 1)
+                in_order = True
             else:
                 source = self.outputs[part[0]][part[1]]
                 offsets = self.packed.get((part[0], part[1]))
                 rows = np.arange(part[2], part[3]) if len(part) == 4 else cast(np.ndarray, part[2])
-            in_order = rows is None or len(part) == 4  # consecutive rows: a view, no copy
-            if rows is None:
-                rows = np.arange(len(source))
+                in_order = len(part) == 4  # consecutive rows: a view, no copy
             if offsets is None:  # one node per row of [n, L, *rest]
                 width = source[0].numel() if flat else source.shape[1]
                 source = source.reshape(-1) if flat else source.reshape(-1, *source.shape[2:])

@@ -327,7 +327,7 @@ class _Layout:
         node_pool, node_sig = self.sig_of[order], self.own[order]
         lengths = self._lengths(node_sig)
         parts, source, part_ptr, orders = self._gathers(positions, inputs, node_pool)
-        fanouts = _fan_out(parts, source, first_step, self.sizes, self._packed(lengths))
+        fanouts = _fan_out(parts, source, first_step, self.sizes)
         gathers = [
             Gather(tuple(parts[a:b]), o)
             for a, b, o in zip(part_ptr[:-1], part_ptr[1:], orders, strict=True)
@@ -365,16 +365,6 @@ class _Layout:
             s: length_of[node_sig[self.starts[s] : self.starts[s] + self.sizes[s]]]
             for s in mixed.tolist()
         }
-
-    def _packed(self, lengths: dict[int, np.ndarray]) -> set[int]:
-        """The outputs that mixed steps hold packed, as ``step << OUT_BITS | output``."""
-        packed = set()
-        for s in lengths:
-            family = self.graph.signatures[int(self.step_sig[s])].family
-            for j, ragged in enumerate(family.ragged_out):
-                if ragged:
-                    packed.add((self.first_step + s) << OUT_BITS | j)
-        return packed
 
     def _gathers(
         self, positions: np.ndarray, inputs: dict[int, np.ndarray], node_pool: np.ndarray
@@ -472,16 +462,15 @@ def _broken(rows: np.ndarray, run_of: np.ndarray, n_runs: int) -> np.ndarray:
 
 
 def _fan_out(
-    parts: list[Part], source: np.ndarray, first_step: int, sizes: np.ndarray, packed: set[int]
+    parts: list[Part], source: np.ndarray, first_step: int, sizes: np.ndarray
 ) -> dict[int, list[Fanout]]:
     """Read every step output that several parts of the plan read through one ``Fanout``.
 
     Returns the fanouts of each step (by position in the plan) and makes each reader's part
-    ``(step, output, j)``, chunk ``j``. Packed outputs (of ragged steps) are not fanned out.
+    ``(step, output, j)``, chunk ``j``. A packed output (of a ragged step) is fanned out by
+    nodes as well; the executor turns its nodes into their rows.
     """
     mine = np.flatnonzero(source >= first_step << OUT_BITS)
-    if packed:
-        mine = mine[~np.isin(source[mine], np.fromiter(packed, dtype=np.int64))]
     by_source = mine[np.argsort(source[mine], kind="stable")]
     keys = source[by_source]
     run_start = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]]) if len(keys) else mine
