@@ -131,6 +131,29 @@ def split_fields(stats: Sequence[bf.Stats]) -> dict[str, Any]:
     }
 
 
+def loss_and_grads(
+    name: str,
+    runner: Callable[[Sequence[Any]], Tensor],
+    model: torch.nn.Module,
+    items: Sequence[Any],
+) -> list[Tensor]:
+    """A batch's loss and the gradient of every parameter of ``model`` (system ``name``).
+
+    Raises:
+        RuntimeError: the system left a parameter without a gradient.
+    """
+    model.zero_grad(set_to_none=True)
+    loss = runner(items)
+    loss.backward()
+    out = [loss.detach()]
+    for param_name, param in model.named_parameters():
+        if param.grad is None:
+            raise RuntimeError(f"{name} left {param_name} without a gradient")
+        out.append(param.grad.clone())
+    model.zero_grad(set_to_none=True)
+    return out
+
+
 def synchronize() -> None:
     """Wait for queued GPU work, so that timings cover it (does nothing on CPU only)."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():

@@ -23,13 +23,13 @@ from typing import Any
 
 import torch
 
+from baselines import loss_and_grads
 from batchfold.models.tree_lstm import TreeLSTMClassifier
 from bench_treelstm import (
     CLASSES,
     EMB,
     HIDDEN,
     RESULTS,
-    loss_and_grads,
     make_systems,
     measure,
     random_workload,

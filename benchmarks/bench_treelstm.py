@@ -50,6 +50,7 @@ from baselines import (
     Timing,
     flatten_trees,
     level_batched_loss,
+    loss_and_grads,
     make_batches,
     naive_batch_loss,
     routed_level_batched_loss,
@@ -240,21 +241,6 @@ def check_systems(workloads: Sequence[Workload], seed: int = 0) -> None:
                 for a, b in zip(got, expected, strict=True)
             ):
                 raise RuntimeError(f"{name} ({workload.name}) does not match the naive run")
-
-
-def loss_and_grads(
-    name: str, runner: Runner, model: TreeLSTMClassifier, trees: Sequence[BinaryTree]
-) -> list[torch.Tensor]:
-    """A batch's loss and the gradient of every parameter of the model (system ``name``)."""
-    model.zero_grad(set_to_none=True)
-    loss = runner(trees)
-    loss.backward()
-    out = [loss.detach()]
-    for param_name, param in model.named_parameters():
-        if param.grad is None:
-            raise RuntimeError(f"{name} left {param_name} without a gradient")
-        out.append(param.grad.clone())
-    return out
 
 
 WORKLOADS = ("random", "complete", "sst")

@@ -11,9 +11,14 @@
 #          torch 2.13 (its optional tensoradapter library is not built for 2.13, so DGL uses its
 #          own CPU allocator). DGL is installed with --no-deps so that pip keeps the torch
 #          chosen here. Runs benchmarks/peers/dgl_treelstm.py.
+#          The same environment holds DGL-LifeSci ("dgllife" 0.3.2, the newest release; it
+#          supports DGL 1.x), also --no-deps, with the packages its import needs: pandas,
+#          scikit-learn and rdkit (its other requirements, hyperopt among them, serve only
+#          its example scripts). Runs benchmarks/peers/dgllife_weave.py.
 #
-# Prints one line per peer, "NAME: ok (VERSION)" or "NAME: unavailable: REASON", and always
-# exits 0. Installation logs go to benchmarks/.peers/NAME-setup.log.
+# Prints one line per peer, "NAME: ok (VERSION)" or "NAME: unavailable: REASON" (the dgl
+# step prints one for dgl and one for dgllife), and always exits 0. Installation logs go to
+# benchmarks/.peers/NAME-setup.log.
 #
 # Environment: PYTHON (default python3), TORCH_VERSION (default 2.13.0), PEERS (default
 # "dynet dgl").
@@ -26,6 +31,7 @@ TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
 PEERS="${PEERS:-dynet dgl}"
 DYNET_SPEC="dynet38==2.2"
 DGL_VERSION="1.1.3"
+DGLLIFE_VERSION="0.3.2"
 mkdir -p "$root"
 
 # make_venv NAME: create benchmarks/.peers/NAME unless it already has a working python.
@@ -125,12 +131,64 @@ EOF
         return
     fi
     echo "dgl: ok ($version)"
+    dgl_ok=1
+}
+
+# DGL-LifeSci in the dgl environment (once setup_dgl has made DGL work).
+setup_dgllife() {
+    local log="$root/dgl-setup.log" py="$root/dgl/bin/python"
+    local pip="$root/dgl/bin/pip --disable-pip-version-check"
+    if [ "$("$py" -c 'from importlib.metadata import version; print(version("dgllife"))' 2>/dev/null)" != "$DGLLIFE_VERSION" ]; then
+        if ! $pip install --no-deps "dgllife==$DGLLIFE_VERSION" >>"$log" 2>&1; then
+            echo "dgllife: unavailable: pip install dgllife==$DGLLIFE_VERSION failed: $(last_error "$log")"
+            return
+        fi
+    fi
+    # What `import dgllife` needs (its data and model modules import these at load time).
+    if ! $pip install "numpy<2" pandas scikit-learn rdkit >>"$log" 2>&1; then
+        echo "dgllife: unavailable: installing dgllife's dependencies failed: $(last_error "$log")"
+        return
+    fi
+    # Two small molecule graphs batched through WeaveGNN, forward and backward.
+    local version
+    if ! version="$(DGLBACKEND=pytorch "$py" - 2>>"$log" <<'EOF'
+import warnings
+warnings.filterwarnings("ignore")
+import dgl
+import dgllife
+import torch
+from dgllife.model.gnn.weave import WeaveGNN
+g = dgl.batch([dgl.graph(([0, 1], [1, 0])), dgl.graph(([0, 0, 1, 1, 2, 2], [1, 2, 0, 2, 0, 1]))])
+gnn = WeaveGNN(node_in_feats=3, edge_in_feats=2, num_layers=2, hidden_feats=4)
+atoms = gnn(g, torch.randn(g.num_nodes(), 3), torch.randn(g.num_edges(), 2))
+assert atoms.shape == (5, 4), atoms.shape
+with g.local_scope():
+    g.ndata["h"] = atoms
+    total = dgl.readout_nodes(g, "h", op="sum")
+assert total.shape == (2, 4), total.shape
+total.sum().backward()
+assert gnn.gnn_layers[0].update_edge.weight.grad is not None
+print(f"dgllife {dgllife.__version__}")
+EOF
+)"; then
+        echo "dgllife: unavailable: import or smoke test failed: $(last_error "$log")"
+        return
+    fi
+    echo "dgllife: ok ($version)"
 }
 
 for peer in $PEERS; do
     case "$peer" in
         dynet) setup_dynet ;;
-        dgl) setup_dgl ;;
+        dgl)
+            dgl_ok=0
+            setup_dgl
+            if [ "$dgl_ok" = 1 ]; then
+                setup_dgllife
+            else
+                echo "dgllife: unavailable: it needs the dgl environment"
+            fi
+            ;;
         *) echo "$peer: unavailable: unknown peer" ;;
     esac
 done

@@ -1,0 +1,488 @@
+"""Weave graph convolutions on ESOL: one molecule at a time, batchfold's front ends, dgllife.
+
+The model is :class:`~batchfold.models.weave.WeaveModel` (Kearnes et al. 2016) with the
+defaults of ``batchfold train esol``: atom and pair states 50, 2 weave modules, a 128-wide
+``tanh`` layer summed over the atoms, an MLP with 128 hidden units, one output. The inputs are
+ESOL molecules (every ordered atom pair, as Kearnes et al.), the target each molecule's
+standardised log solubility, the loss the summed squared error. All systems run the same
+weights on the same batches:
+
+- **one at a time (PyTorch loop)**: ``weave_predict`` on each molecule, eager, the
+  predictions stacked;
+- **batchfold blocks**: the model written as blocks (``weave_blocks``), compiled with the
+  agenda scheduler;
+- **batchfold batch_map**: the same per-molecule code as the loop, ``weave_predict``, through
+  ``batchfold.batch_map`` (agenda);
+- **dgllife**: the same model on DGL-LifeSci's Weave layers (``peers/dgllife_weave.py``, in
+  ``benchmarks/.peers/dgl``), one DGL graph per molecule with an edge per atom pair, batched
+  with ``dgl.batch`` inside the timed step ("batching in the step") or beforehand ("graphs
+  batched beforehand"). That script's docstring says how dgllife's Weave layer differs from
+  batchfold's and how the peer is made to compute the same function.
+
+Before timing, the batchfold systems' loss and gradients are checked against the loop's in
+float64 on 4 molecules, and the peer's loss on 16 molecules at the shared initial weights,
+and again after one SGD step, against the loop's (the report's notes give the verdict).
+
+Each batch size (64 and 256) and mode (training: forward, loss, backward and an SGD step;
+inference: forward and loss under ``no_grad``) runs passes over the same molecules, every
+batch once per pass: one untimed warm-up pass, then timed passes (3; 2 with ``--quick``),
+the same for every system, the peer included. Throughput is molecules per pass / the median
+pass. batchfold rows also give the record / schedule / execute split of a step. Training
+puts the weights back after each configuration, so every system starts from the same ones.
+
+    python benchmarks/bench_weave.py            # 512 molecules per pass
+    python benchmarks/bench_weave.py --quick    # 256 molecules per pass, 2 timed passes
+
+Writes ``benchmarks/results/weave[-quick].json`` and ``.md``. Without the ESOL data
+(``shared/data/esol``, see ``batchfold.data.molecules.load_esol``) it says so and stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import math
+import random
+import tempfile
+from collections.abc import Callable, Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+import batchfold as bf
+from baselines import Timing, loss_and_grads, split_fields, time_inference, time_training
+from batchfold import blocks
+from batchfold.data.molecules import Molecule, load_esol
+from batchfold.models.weave import WeaveModel, weave_predict
+from batchfold.models.weave_blocks import weave_blocks
+from machine import describe_machine, markdown_table, write_results
+from memory import PeakMemory
+from peer_runner import PeerUnavailable, run_peer
+
+RESULTS = Path(__file__).resolve().parent / "results"
+CONFIG = {
+    "n_tasks": 1,
+    "atom_dim": 50,
+    "pair_dim": 50,
+    "n_modules": 2,
+    "gather_dim": 128,
+    "hidden": 128,
+    "gather": "sum",
+}
+"""The model: ``batchfold train esol``'s defaults."""
+LR = 1e-6
+"""The SGD learning rate of the timed steps: the loss is a sum over the batch, and at 1e-4
+training diverges within a few steps of 256 molecules (to inf, where the timing means
+nothing); the weights are put back after every configuration anyway."""
+CHECK_LR = 1e-4
+"""The learning rate of the step after which the peer's loss is checked again: large enough
+that a peer whose gradients differ from batchfold's (say, with dgllife's two A->P blocks of
+the pair update trained apart) shows it at a relative tolerance of 1e-4."""
+LOOP = "one at a time (PyTorch loop)"
+Runner = Callable[[Sequence[Any]], Tensor]
+"""The summed squared error of a batch of molecules."""
+
+
+def squared_error(predictions: Tensor, batch: Sequence[Molecule]) -> Tensor:
+    """The summed squared error of predictions ``[n, n_tasks]`` against the molecules' labels."""
+    labels = torch.stack([m.label for m in batch]).to(predictions)
+    return (predictions - labels).pow(2).sum()
+
+
+def loop_loss(model: WeaveModel, batch: Sequence[Molecule]) -> Tensor:
+    """A batch's loss, one molecule at a time in plain PyTorch."""
+    return squared_error(torch.stack([weave_predict(model, m) for m in batch]), batch)
+
+
+class BatchMapRunner:
+    """A batch's loss through ``batch_map`` on ``weave_predict``; keeps every call's stats."""
+
+    def __init__(self, model: WeaveModel) -> None:
+        self.model = model
+        self.stats: list[bf.Stats] = []
+
+    def __call__(self, batch: Sequence[Molecule]) -> Tensor:
+        predictions, stats = bf.batch_map(
+            partial(weave_predict, self.model), batch, scheduler="agenda", return_stats=True
+        )
+        self.stats.append(stats)
+        return squared_error(torch.stack(predictions), batch)
+
+
+class BlocksRunner:
+    """A batch's loss through the compiled ``weave_blocks``; keeps every call's stats.
+
+    The compiled model uses ``model``'s own modules, so it shares their weights.
+    """
+
+    def __init__(self, model: WeaveModel) -> None:
+        self.compiled = blocks.compile(weave_blocks(model), scheduler="agenda")
+        self.stats: list[bf.Stats] = []
+
+    def __call__(self, batch: Sequence[Molecule]) -> Tensor:
+        predictions, _ = self.compiled(list(batch))
+        assert self.compiled.last_stats is not None
+        self.stats.append(self.compiled.last_stats)
+        return squared_error(predictions, batch)
+
+
+def make_systems(model: WeaveModel) -> dict[str, Runner]:
+    """The in-process systems on one model: the loop first."""
+    return {
+        LOOP: partial(loop_loss, model),
+        "batchfold blocks": BlocksRunner(model),
+        "batchfold batch_map": BatchMapRunner(model),
+    }
+
+
+def check_systems(model: WeaveModel, molecules: Sequence[Molecule]) -> None:
+    """Every batchfold system's loss and gradients equal the loop's on ``molecules``.
+
+    Arguments:
+        model: the model, best in float64.
+        molecules: a few molecules with labels.
+
+    Raises:
+        RuntimeError: a system disagrees; the message names it.
+    """
+    systems = make_systems(model)
+    expected = loss_and_grads(LOOP, systems.pop(LOOP), model, molecules)
+    for name, runner in systems.items():
+        got = loss_and_grads(name, runner, model, molecules)
+        for what, a, b in zip(
+            ["loss", *dict(model.named_parameters())], got, expected, strict=True
+        ):
+            if not torch.allclose(a, b, rtol=1e-9, atol=1e-12):
+                raise RuntimeError(f"{name}: the {what} differs from the loop's")
+
+
+def standardised(molecules: Sequence[Molecule]) -> list[Molecule]:
+    """The molecules with their labels standardised by the set's mean and standard deviation."""
+    labels = torch.stack([m.label for m in molecules]).double()
+    mean, std = labels.mean(), labels.std()
+    return [
+        dataclasses.replace(m, label=((m.label.double() - mean) / std).float()) for m in molecules
+    ]
+
+
+# ----------------------------------------------------------------------------------------------
+# the peer's files and runs
+
+
+def write_molecules(molecules: Sequence[Molecule], path: Path) -> Path:
+    """Write molecules in the peer's format (``peers/dgllife_weave.py``); returns ``path``."""
+    atoms = np.cumsum([0] + [m.n_atoms for m in molecules])
+    pairs = np.cumsum([0] + [len(m.pair_index) for m in molecules])
+    np.savez(
+        path,
+        atom_features=torch.cat([m.atom_features for m in molecules]).float().numpy(),
+        atom_offsets=atoms.astype(np.int64),
+        pair_features=torch.cat([m.pair_features for m in molecules]).float().numpy(),
+        pair_index=torch.cat([m.pair_index for m in molecules]).long().numpy(),
+        pair_offsets=pairs.astype(np.int64),
+        target=torch.stack([m.label for m in molecules]).float().numpy(),
+    )
+    return path
+
+
+def write_weights(model: WeaveModel, path: Path) -> Path:
+    """Write the model's parameters and sizes in the peer's format; returns ``path``."""
+    config = {
+        "n_modules": len(model.layers),
+        "atom_dim": model.layers[0].atom_out,
+        "pair_dim": model.layers[0].pair_out,
+        "gather": model.gather,
+        "atom_features": model.atom_features,
+        "pair_features": model.pair_features,
+    }
+    arrays = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    np.savez(path, config=np.array(json.dumps(config)), **arrays)
+    return path
+
+
+def agreement(what: str, peer: float, expected: float) -> str:
+    """Whether a peer's loss agrees with batchfold's loop (relative tolerance 1e-4)."""
+    agree = math.isclose(peer, expected, rel_tol=1e-4)
+    return f"{what}: dgllife {peer:.6g} vs the loop {expected:.6g}: " + (
+        "they agree" if agree else "THEY DIFFER"
+    )
+
+
+def check_peer(model: WeaveModel, molecules: Sequence[Molecule], scratch: Path) -> list[str]:
+    """The peer's loss on ``molecules`` from the model's weights, before and after one SGD step.
+
+    Both are compared with the loop's (in float32, as the peer runs); the step, at
+    :data:`CHECK_LR` on all the molecules, shows that the peer's gradients are batchfold's.
+    """
+    weights = write_weights(model, scratch / "check-weights.npz")
+    path = write_molecules(molecules, scratch / "check.npz")
+    stepped = copy.deepcopy(model)
+    sgd = torch.optim.SGD(stepped.parameters(), lr=CHECK_LR)
+    loop_loss(stepped, molecules).backward()
+    sgd.step()
+    with torch.no_grad():
+        before, after = float(loop_loss(model, molecules)), float(loop_loss(stepped, molecules))
+    args = [str(path), "--weights", str(weights), "--loss-only", "--lr", str(CHECK_LR)]
+    try:
+        (line,) = run_peer("dgl", "dgllife_weave.py", args)
+    except PeerUnavailable as error:
+        return [f"dgllife: {error}"]
+    n = len(molecules)
+    return [
+        agreement(f"loss of {n} molecules at the shared initial weights", line["loss"], before),
+        agreement(
+            f"loss of the same {n} molecules after one SGD step (lr {CHECK_LR}) on them",
+            line["loss_after_step"],
+            after,
+        ),
+    ]
+
+
+PEERS = {
+    "dgllife, batching in the step": "inloop",
+    "dgllife, graphs batched beforehand": "prebuilt",
+}
+"""Peer system name: the peer script's ``--modes``."""
+
+
+def peer_rows(
+    size: int, mode: str, molecules: Path, weights: Path, passes: tuple[int, int], threads: int
+) -> list[dict[str, Any]]:
+    """Both peer systems on one configuration, one process each; a failure as an error row."""
+    warmup, repeats = passes
+    out: list[dict[str, Any]] = []
+    for system, peer_mode in PEERS.items():
+        args = [str(molecules), "--weights", str(weights), "--batch-sizes", str(size)]
+        args += ["--modes", peer_mode, "--warmup", str(warmup), "--repeats", str(repeats)]
+        args += ["--threads", str(threads), "--lr", str(LR)]
+        args += ["--no-infer"] if mode == "training" else ["--no-train"]
+        try:
+            (line,) = run_peer("dgl", "dgllife_weave.py", args)
+        except PeerUnavailable as error:
+            out.append({"error": f"{system}, {mode}, b={size}: {error}"})
+            continue
+        times = line["train_times_s" if mode == "training" else "infer_times_s"]
+        row = {"mode": mode, "batch_size": size, "system": system}
+        row |= pass_fields(Timing(times, line["molecules_per_pass"]), size)
+        for key in ("peak_mb", "resident_peak_mb", "peak_method", "threads", "version"):
+            row[key] = line[key]
+        out.append(row)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# timing
+
+
+def pass_fields(timing: Timing, size: int) -> dict[str, Any]:
+    """A row's fields for the timed passes: throughput, median, spread and every pass."""
+    return {
+        "molecules_per_s": timing.trees_per_s,
+        "median_s": timing.median_s,
+        "min_s": min(timing.times),
+        "max_s": max(timing.times),
+        "times_s": timing.times,
+        "molecules_per_pass": timing.batch_size,
+        "steps_per_pass": timing.batch_size // size,
+    }
+
+
+def measure(
+    runner: Runner,
+    model: WeaveModel,
+    batches: list[list[Any]],
+    mode: str,
+    passes: tuple[int, int],
+) -> dict[str, Any]:
+    """Time ``passes = (warm-up, timed)`` passes over ``batches``; the row's fields.
+
+    The steps are timed one by one (``baselines.time_training`` / ``time_inference``, which
+    put the weights back after training) and added up per pass.
+    """
+    warmup, repeats = passes
+    steps = len(batches)
+    if isinstance(runner, BatchMapRunner | BlocksRunner):
+        runner.stats.clear()
+    with PeakMemory() as peak:
+        if mode == "training":
+            sgd = torch.optim.SGD(model.parameters(), lr=LR)
+            timing = time_training(runner, batches, sgd, warmup * steps, repeats * steps)
+        else:
+            timing = time_inference(runner, batches, warmup * steps, repeats * steps)
+    per_pass = [sum(timing.times[k * steps : (k + 1) * steps]) for k in range(repeats)]
+    size = len(batches[0])
+    row = pass_fields(Timing(per_pass, size * steps), size)
+    row.update(peak.as_dict())
+    if isinstance(runner, BatchMapRunner | BlocksRunner):
+        row.update(split_fields(runner.stats[warmup * steps :]))
+    return row
+
+
+def run(
+    quick: bool, threads: int, peers: bool, sizes: Sequence[int] = (64, 256)
+) -> dict[str, Any] | None:
+    """Check, then measure every configuration; the JSON-ready results (None without ESOL).
+
+    Arguments:
+        quick: 256 molecules per pass and 2 timed passes (else 512 and 3).
+        threads: torch intra-op threads (the peer gets as many).
+        peers: run dgllife too.
+        sizes: the batch sizes.
+    """
+    torch.set_num_threads(threads)
+    try:
+        data = load_esol(None)
+    except FileNotFoundError as error:
+        print(f"bench_weave: skipped, the ESOL data is missing: {error}")
+        return None
+    molecules = standardised(list(data))
+    random.Random(0).shuffle(molecules)
+    per_pass = 256 if quick else 512
+    if any(per_pass % size for size in sizes) or per_pass > len(molecules):
+        raise ValueError(f"every batch size must divide {per_pass} molecules per pass")
+    passes = (1, 2 if quick else 3)
+    notes = [f"{len(molecules)} ESOL molecules, the first {per_pass} of a fixed shuffle timed"]
+
+    torch.manual_seed(0)
+    check_systems(WeaveModel(**CONFIG).double(), molecules[:4])
+    notes.append("batchfold blocks and batch_map: loss and gradients equal the loop's (float64)")
+    torch.manual_seed(0)
+    model = WeaveModel(**CONFIG)
+    systems = make_systems(model)
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as scratch_dir:
+        scratch = Path(scratch_dir)
+        files: tuple[Path, Path] | None = None  # the peer's molecules and weights
+        if peers:
+            notes += check_peer(model, molecules[:16], scratch)
+            files = (
+                write_molecules(molecules[:per_pass], scratch / "molecules.npz"),
+                write_weights(model, scratch / "weights.npz"),
+            )
+        for size in sizes:
+            batches = [molecules[i : i + size] for i in range(0, per_pass, size)]
+            for mode in ("training", "inference"):
+                for name, runner in systems.items():
+                    row = {"mode": mode, "batch_size": size, "system": name}
+                    rows.append(row | measure(runner, model, batches, mode, passes))
+                    print(format_row(rows[-1]), flush=True)
+                if files is not None:
+                    for row in peer_rows(size, mode, *files, passes, threads):
+                        if "error" in row:
+                            notes.append(row["error"])
+                        else:
+                            rows.append(row)
+                            print(format_row(row), flush=True)
+    return {
+        "benchmark": "weave",
+        "machine": describe_machine(threads),
+        "model": CONFIG,
+        "lr": LR,
+        "passes": {"warmup": passes[0], "timed": passes[1], "molecules": per_pass},
+        "rows": rows,
+        "notes": notes,
+        "quick": quick,
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# reporting
+
+
+def split_ms(row: dict[str, Any]) -> str:
+    """batchfold's record / schedule / execute milliseconds per step; "" for other systems."""
+    if "record_s" not in row:
+        return ""
+    return " / ".join(f"{1e3 * row[k]:.0f}" for k in ("record_s", "schedule_s", "execute_s"))
+
+
+def format_row(row: dict[str, Any]) -> str:
+    """A progress line."""
+    return (
+        f"{row['mode']:>9s} b={row['batch_size']:<4d} {row['system']:<36s} "
+        f"{row['molecules_per_s']:9.1f} molecules/s  peak {row['peak_mb']:7.1f} MB"
+        + (f"  record/schedule/execute {split_ms(row)} ms" if "record_s" in row else "")
+    )
+
+
+def summary(results: dict[str, Any]) -> str:
+    """The markdown report: throughput, ratios to the loop and to the fastest peer, memory."""
+    rows = results["rows"]
+    table = []
+    for r in rows:
+        same = [x for x in rows if (x["mode"], x["batch_size"]) == (r["mode"], r["batch_size"])]
+        loop = next((x for x in same if x["system"] == LOOP), None)
+        peer = max(
+            (x for x in same if x["system"] in PEERS),
+            key=lambda x: x["molecules_per_s"],
+            default=None,
+        )
+        spread = (r["max_s"] - r["min_s"]) / r["median_s"] if len(r["times_s"]) > 1 else None
+        table.append(
+            [
+                r["mode"],
+                r["batch_size"],
+                r["system"],
+                f"{r['molecules_per_s']:.1f}",
+                "n/a" if spread is None else f"{100 * spread:.0f}%",
+                f"{r['molecules_per_s'] / loop['molecules_per_s']:.2f}x" if loop else "",
+                f"{r['molecules_per_s'] / peer['molecules_per_s']:.2f}x" if peer else "",
+                f"{r['peak_mb']:.0f}",
+                split_ms(r),
+            ]
+        )
+    head = [
+        "mode",
+        "batch",
+        "system",
+        "molecules/s",
+        "spread",
+        "vs loop",
+        "vs fastest dgllife",
+        "peak MB",
+        "record / schedule / execute ms per step",
+    ]
+    m, p = results["machine"], results["passes"]
+    versions = sorted({r["version"] for r in rows if "version" in r})
+    notes = "".join(f"- {note}\n" for note in results["notes"])
+    return (
+        f"# Weave on ESOL\n\n{m['cpu']}, {m['cpus']} CPUs, {m['threads']} threads, "
+        f"torch {m['torch']}, batchfold {m['batchfold']}"
+        + "".join(f"; {v}" for v in versions)
+        + f", commit {m['commit']}, {m['date']}\n\n"
+        "Weave model of `batchfold train esol` (atom and pair 50, 2 modules, gather 128 "
+        "summed, hidden 128), every ordered atom pair, summed squared error of the "
+        f"standardised log solubility. Each pass runs {p['molecules']} molecules in batches; "
+        f"{p['warmup']} warm-up pass, then the median of {p['timed']} timed passes. Training: "
+        f"forward, loss, backward, SGD step (lr {results['lr']}); inference: forward and loss "
+        "under `no_grad`. batchfold runs with the agenda scheduler. Spread: (max - min) / "
+        "median of the passes. Peak: the rise of resident memory during the configuration. "
+        "vs fastest dgllife: against the faster dgllife row of the same mode and batch.\n\n"
+        + markdown_table(head, table)
+        + ("\n\n" + notes if notes else "\n")
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run, print, and write JSON and markdown under benchmarks/results/."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="256 molecules per pass, 2 passes")
+    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    parser.add_argument("--no-peers", action="store_true", help="leave dgllife out")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for JSON and markdown")
+    args = parser.parse_args(argv)
+    results = run(args.quick, args.threads, not args.no_peers, args.batch_sizes)
+    if results is not None:
+        stem = "weave-quick" if args.quick else "weave"
+        write_results(args.out, stem, results, summary(results))
+
+
+if __name__ == "__main__":
+    main()
