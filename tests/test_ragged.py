@@ -270,3 +270,22 @@ def test_a_packed_value_with_many_readers_is_handed_out_once(scheduler: Schedule
     (tanh,) = [s for s in stats.plan.steps if s.sig.name == "tanh"]
     assert tanh.lengths is not None and len(tanh.fanouts) == 1  # packed, and fanned out
     assert len(tanh.fanouts[0].sizes) >= 4  # one chunk per reading step
+
+
+def _readers_in_two_grad_modes(x: torch.Tensor) -> torch.Tensor:
+    h = _h(x)
+    with torch.no_grad():  # readers of the same packed value that must not carry gradients
+        frozen = h.sum(0) + (h * 2).amax(0)
+    return h.sum(0) * frozen + h.mean(0)
+
+
+def test_packed_fanout_readers_keep_their_grad_mode() -> None:
+    xs = _batch(True, seed=9)
+    got = bf.batch_map(_readers_in_two_grad_modes, xs)
+    want = [_readers_in_two_grad_modes(x) for x in xs]
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+    for g, w in zip(_grads(got), _grads(want), strict=True):
+        assert (g is None) == (w is None)
+        if g is not None:
+            torch.testing.assert_close(g, w)

@@ -171,9 +171,12 @@ def test_cosine_schedule_sets_each_epochs_rate_and_fixes_the_epoch_count(tmp_pat
     resumed = tmp_path / "resumed"
     first = linear_args(resumed, *cosine)
     first.epochs = 2  # stop early by hand: --epochs may not change on resume with a schedule
+    loop.train(LinearTask(), first)
     with pytest.raises(loop.ConfigError, match="epochs: 2 -> 3"):
-        loop.train(LinearTask(), first)
         loop.train(LinearTask(), linear_args(resumed, *cosine, "--resume"))
+    # without a schedule the same change is allowed, as before
+    loop.train(LinearTask(), linear_args(tmp_path / "plain", "--epochs", "2"))
+    loop.train(LinearTask(), linear_args(tmp_path / "plain", "--epochs", "3", "--resume"))
     a = loop.load_checkpoint(tmp_path / "straight" / "last.pt")["model"]
     # the schedule is a function of the epoch: rerunning epochs 1-3 in one go gives the same run
     loop.train(LinearTask(), linear_args(tmp_path / "again", *cosine))
