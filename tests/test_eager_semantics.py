@@ -10,6 +10,7 @@ test_execute.py).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any
 
@@ -19,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import batchfold as bf
+from batchfold.graph import Slot
 from reference import assert_matches_eager
 
 SCHEDULERS = ["agenda", "depth"]
@@ -427,3 +429,43 @@ def test_new_tensor_methods_make_per_instance_constants() -> None:
             torch.testing.assert_close(g, w)
             assert g.dtype == torch.float32
         assert got[4]
+
+
+def test_shapes_inferred_once_follow_shared_index_values_and_the_default_dtype() -> None:
+    """Output shapes are kept for the life of the process (``inference_key``); a shared
+    integer tensor's values and the default dtype still decide them as in eager PyTorch."""
+    from batchfold.lazy.inference import inference_key
+
+    weight = torch.randn(3, 2)
+    assert inference_key(F.linear, (Slot(0), weight), {}, ()) is not None
+    assert inference_key(torch.index_select, (Slot(0), 0, torch.tensor([1])), {}, ()) is None
+    for kept in ([True, False, True], [True, True, True], [False, True, False]):
+        mask = torch.tensor(kept)  # the same call and metas, other values: other shapes
+        assert_matches_eager(lambda x, m=mask: torch.tensor(x)[m] * 2, [[1.0, 2, 3], [4, 5, 6]])
+    for dtype in (torch.float32, torch.float64, torch.float32):
+        with default_dtype(dtype):
+            (out,) = bf.batch_map(lambda n: torch.tensor(n) + 0.5, [3])
+            assert out.dtype == dtype and out.item() == 3.5
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype) -> Any:
+    """Run a block with another default dtype."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+def test_batch_norm_running_statistics_follow_eager() -> None:
+    """Finding output shapes runs no op on the user's tensors: batch_norm's running statistics
+    see exactly the updates of one-at-a-time execution."""
+    xs = [[[1.0, 2, 3], [4, 5, 6]], [[1.0, 0, 3], [2, 5, 1]], [[0.5, 1, 2], [3, 1, 4]]]
+    batched, eager = nn.BatchNorm1d(3), nn.BatchNorm1d(3)
+    outs = bf.batch_map(lambda x: batched(torch.tensor(x)), xs)
+    for x, out in zip(xs, outs, strict=True):
+        torch.testing.assert_close(out, eager(torch.tensor(x)))
+    for name, value in eager.state_dict().items():
+        torch.testing.assert_close(batched.state_dict()[name], value, msg=name)

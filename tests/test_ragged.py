@@ -289,3 +289,30 @@ def test_packed_fanout_readers_keep_their_grad_mode() -> None:
         assert (g is None) == (w is None)
         if g is not None:
             torch.testing.assert_close(g, w)
+
+
+@pytest.mark.parametrize(
+    ("lengths", "padded"), [([3, 4, 0, 4, 1, 5, 4], True), ([1] * 12 + [20, 0], False)]
+)
+def test_block_diagonal_products_padded_or_by_entries_equal_eager(
+    lengths: list[int], padded: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Per-instance ``[L, L] @ [L, d]`` runs as one padded ``bmm`` unless one instance is far
+    longer than the rest (then row by row of each block); both give eager's values and grads."""
+    bmm_calls = []
+    real_bmm = torch.bmm
+    monkeypatch.setattr(torch, "bmm", lambda *a: bmm_calls.append(1) or real_bmm(*a))
+    gen = torch.Generator().manual_seed(len(lengths))
+    xs = [torch.randn(n, 2, dtype=torch.float64, generator=gen) for n in lengths]
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        a = _adjacency(x) + torch.as_tensor(x)[:, 1:]  # not symmetric
+        return torch.cat([(a @ _h(x)).flatten(), _adjacency(x * 2) @ _h(x)[:, 0]])
+
+    got = bf.batch_map(fn, xs)
+    assert bool(bmm_calls) == padded
+    want = [fn(x) for x in xs]
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+    for g, w in zip(_grads(got), _grads(want), strict=True):
+        torch.testing.assert_close(g, w)

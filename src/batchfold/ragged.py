@@ -18,6 +18,7 @@ steps through the executor's gathers.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -404,16 +405,36 @@ def _global_index(
 
 def _block_diagonal(blocks: Tensor, rows: Tensor, lengths: np.ndarray) -> Tensor:
     """``A_i @ B_i`` for every node: ``blocks`` holds each ``A_i`` ``[L, L]`` flat, ``rows``
-    each ``B_i`` packed; every entry of every ``A_i`` scales one row of ``B_i``."""
+    each ``B_i`` packed.
+
+    As one ``bmm`` with every ``A_i`` and ``B_i`` padded to the longest, unless that takes
+    more memory than scaling one row of ``B_i`` by each entry of ``A_i`` (when one instance
+    is far longer than the rest): the padded form runs several times faster, backward
+    included, on molecule-sized blocks.
+    """
     squares = lengths * lengths
-    offsets = np.cumsum(lengths) - lengths
+    n, longest = len(lengths), int(lengths.max(initial=0))
+    width = math.prod(rows.shape[1:])
     within = np.arange(int(squares.sum()), dtype=np.int64) - np.repeat(
         np.cumsum(squares) - squares, squares
     )
-    side = np.repeat(lengths, squares)
-    base = np.repeat(offsets, squares)
-    target = torch.from_numpy(base + within // np.maximum(side, 1)).to(rows.device)
-    source = torch.from_numpy(base + within % np.maximum(side, 1)).to(rows.device)
+    side = np.maximum(np.repeat(lengths, squares), 1)
+    row, column = within // side, within % side
+    if n * longest * (longest + 2 * width) <= len(within) * (width + 2):
+        starts = np.arange(n, dtype=np.int64) * longest
+        at = np.repeat(starts * longest, squares) + row * longest + column
+        padded = blocks.new_zeros(n * longest * longest)
+        padded = padded.index_copy(0, torch.from_numpy(at).to(rows.device), blocks)
+        offsets = np.cumsum(lengths) - lengths
+        slots = np.repeat(starts - offsets, lengths) + np.arange(len(rows), dtype=np.int64)
+        slots_t = torch.from_numpy(slots).to(rows.device)
+        flat = rows.reshape(len(rows), width)
+        others = flat.new_zeros(n * longest, width).index_copy(0, slots_t, flat)
+        product = torch.bmm(padded.view(n, longest, longest), others.view(n, longest, width))
+        return product.view(n * longest, width).index_select(0, slots_t).view(rows.shape)
+    base = np.repeat(np.cumsum(lengths) - lengths, squares)
+    target = torch.from_numpy(base + row).to(rows.device)
+    source = torch.from_numpy(base + column).to(rows.device)
     picked = rows.index_select(0, source)
     weight = blocks.view(-1, *(1,) * (rows.dim() - 1))
     return rows.new_zeros(rows.shape).index_add(0, target, weight * picked)

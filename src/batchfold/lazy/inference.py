@@ -104,6 +104,17 @@ def _to_meta(tree: Any, cache: dict[int, tuple[Tensor, Tensor]]) -> Any:
     return tree
 
 
+def _copies(tree: Any) -> Any:
+    """The template with copies of its shared tensors: a run for shapes must not write into
+    the user's tensors (``batch_norm`` updates its running statistics in place)."""
+    kind = type(tree)
+    if kind is tuple or kind is list:
+        return kind(_copies(item) for item in tree)
+    if kind is dict:
+        return {name: _copies(item) for name, item in tree.items()}
+    return tree.detach().clone() if isinstance(tree, Tensor) else tree
+
+
 def _known_shape(func: Any, targs: Any, tkwargs: Any, in_metas: tuple[TensorMeta, ...]) -> Any:
     """The output of ``F.linear`` or ``F.embedding`` without running it.
 
@@ -160,11 +171,60 @@ def _try_zeros(func: Any, targs: Any, tkwargs: Any, in_metas: tuple[TensorMeta, 
     zeros = [torch.zeros(m.shape, dtype=m.dtype) for m in in_metas]
     try:
         with torch.no_grad():
-            return func(*fill(targs, zeros), **fill(tkwargs, zeros))
+            return func(*fill(_copies(targs), zeros), **fill(_copies(tkwargs), zeros))
     except (RecursionError, MemoryError):
         raise
     except Exception:  # the meta run below decides, and names the error
         return None
+
+
+Outputs = tuple[Any, tuple[tuple[tuple[int, ...], torch.dtype], ...]]
+_OUTPUTS: dict[Any, Outputs] = {}  # for the life of the process, see inference_key
+_MAX_OUTPUTS = 1 << 14
+_PLAIN = (type(None), int, float, bool, str, torch.dtype, torch.device, torch.layout)
+
+
+def inference_key(
+    func: Any, targs: Any, tkwargs: Any, in_metas: tuple[TensorMeta, ...]
+) -> tuple[Any, ...] | None:
+    """What an op's output shapes depend on, or ``None`` where that cannot be said safely.
+
+    The op, its input metas, and its other arguments: plain values as they are, tensors
+    from outside by meta. A floating-point tensor's values never set an output's shape;
+    an integer or boolean one's may (a mask, an index), so such a call, or one with an
+    argument of another kind, is not keyed and its shapes are inferred each time. The
+    default dtype is part of the key (``int + 0.5`` takes it); under autocast nothing is.
+    """
+    if torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda"):
+        return None  # autocast picks output dtypes by its own state
+    parts: list[Any] = []
+    if not _key_parts((targs, tkwargs), parts):
+        return None
+    return (func, in_metas, torch.get_default_dtype(), tuple(parts))
+
+
+def _key_parts(tree: Any, parts: list[Any]) -> bool:
+    kind = type(tree)
+    if kind is Slot:
+        parts.append((Slot, tree.index))
+    elif kind is tuple or kind is list or kind is torch.Size:
+        parts.append((kind, len(tree)))
+        return all(_key_parts(item, parts) for item in tree)
+    elif kind is dict:
+        parts.append((dict, tuple(tree)))
+        return all(_key_parts(item, parts) for item in tree.values())
+    elif isinstance(tree, Tensor):
+        if not (tree.dtype.is_floating_point or tree.dtype.is_complex):
+            return False
+        parts.append(TensorMeta.of(tuple(tree.shape), tree.dtype, tree.device))
+    elif kind is slice:
+        parts.append((slice, tree.start, tree.stop, tree.step))
+        return all(type(v) in (type(None), int) for v in (tree.start, tree.stop, tree.step))
+    elif kind in _PLAIN or tree is Ellipsis:
+        parts.append((kind, tree))
+    else:
+        return False
+    return True
 
 
 def infer_outputs(
@@ -176,12 +236,41 @@ def infer_outputs(
     tkwargs: Any,
     in_metas: tuple[TensorMeta, ...],
     meta_cache: dict[int, tuple[Tensor, Tensor]],
-) -> Any:
-    """Output(s) of one call on one instance, computed on meta tensors or on zeros.
+) -> Outputs:
+    """The output(s) of one call on one instance: ``(multi, ((shape, dtype), ...))``.
 
-    ``eager``, when given, is the one-instance function to run on zeros instead of ``func``
-    (a ``bf.function``'s user code, which may not run on meta tensors).
+    ``multi`` is ``None`` for one tensor, else the type of the sequence the op returns.
+    Shapes come from meta tensors or from zeros, once per process for each op, argument
+    template and input metas (:func:`inference_key`). ``eager``, when given, is the
+    one-instance function to run on zeros instead of ``func`` (a ``bf.function``'s user
+    code, which may not run on meta tensors).
     """
+    key = None if eager is not None else inference_key(func, targs, tkwargs, in_metas)
+    if key is not None and (known := _OUTPUTS.get(key)) is not None:
+        return known
+    out = _run_for_shapes(func, eager, name, site, targs, tkwargs, in_metas, meta_cache)
+    found: Outputs
+    if isinstance(out, Tensor):
+        found = (None, ((tuple(out.shape), out.dtype),))
+    else:
+        found = (type(out), tuple((tuple(o.shape), o.dtype) for o in out))
+    if key is not None:
+        if len(_OUTPUTS) >= _MAX_OUTPUTS:
+            _OUTPUTS.clear()  # rare: a process seeing this many kinds of call
+        _OUTPUTS[key] = found
+    return found
+
+
+def _run_for_shapes(
+    func: Any,
+    eager: Any,
+    name: str,
+    site: str,
+    targs: Any,
+    tkwargs: Any,
+    in_metas: tuple[TensorMeta, ...],
+    meta_cache: dict[int, tuple[Tensor, Tensor]],
+) -> Any:
     with torch._C.DisableTorchFunction():
         out = _known_shape(func, targs, tkwargs, in_metas)
         if out is None and eager is None and _small(targs, tkwargs, in_metas):
@@ -206,7 +295,9 @@ def infer_outputs(
             zeros = [torch.zeros(m.shape, dtype=m.dtype, device=m.device) for m in in_metas]
             try:
                 with torch.no_grad():
-                    out = (eager or func)(*fill(targs, zeros), **fill(tkwargs, zeros))
+                    out = (eager or func)(
+                        *fill(_copies(targs), zeros), **fill(_copies(tkwargs), zeros)
+                    )
             except (RecursionError, MemoryError):
                 raise
             except _INPUT_ERRORS as error:

@@ -248,22 +248,22 @@ class Recorder(TorchFunctionMode):
         in_metas = tuple(lazy._meta for lazy in lazies)
         site = user_site()
         name = func_name(func)
-        refuse_value_shaped(name, func, args, Lazy, site)
+        refuse_value_shaped(name, func, args, kwargs, Lazy, site)
         device = check_inputs(name, site, in_metas, (targs, tkwargs))
         if isinstance(func, BatchedFunction):
             rule, eager = func.rule, func.eager
         else:
             rule, eager = rule_for(func, targs, tkwargs, in_metas), None
-        out = infer_outputs(func, eager, name, site, targs, tkwargs, in_metas, self._meta_cache)
-        multi = None if isinstance(out, Tensor) else type(out)
-        outs = (out,) if isinstance(out, Tensor) else tuple(out)
+        multi, outs = infer_outputs(
+            func, eager, name, site, targs, tkwargs, in_metas, self._meta_cache
+        )
         if len(outs) > OUT_MASK + 1:
             raise UnsupportedOpError(
                 f"{name} at {site} returns {len(outs)} tensors; batchfold records at most "
                 f"{OUT_MASK + 1} outputs of one op. Index or slice the tensor instead of "
                 "unbinding all of it."
             )
-        out_metas = tuple(TensorMeta.of(tuple(o.shape), o.dtype, device) for o in outs)
+        out_metas = tuple(TensorMeta.of(shape, dtype, device) for shape, dtype in outs)
         sig = self.graph.signature(
             key,
             func=func,

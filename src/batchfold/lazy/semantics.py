@@ -151,9 +151,24 @@ _VALUE_SHAPED = {
 
 
 def refuse_value_shaped(
-    name: str, func: Any, args: tuple[Any, ...], lazy_type: type, site: str
+    name: str,
+    func: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    lazy_type: type,
+    site: str,
 ) -> None:
-    """Raise a clear error for a call whose output shape would depend on per-instance values."""
+    """Raise a clear error for a call whose output shape would depend on per-instance values,
+    or that writes into a shared tensor (an embedding with ``max_norm``)."""
+    if base_name(func) in ("embedding", "embedding_bag"):
+        max_norm = args[3] if len(args) > 3 else kwargs.get("max_norm")
+        if max_norm is not None:
+            raise UnsupportedOpError(
+                f"{name} at {site} with max_norm renormalises rows of its table, changed in "
+                "place on every lookup; batch_map would run all lookups at once, so it cannot "
+                "be recorded. Renormalise the table outside the function, or leave max_norm "
+                "unset."
+            )
     fix = _VALUE_SHAPED.get(base_name(func))
     if fix is None and base_name(func) == "repeat_interleave":
         repeats = args[1] if len(args) > 1 else None
