@@ -15,12 +15,13 @@ import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
+from typing import Any
 
 import torch
 
 from .errors import CommandLineError
 
-__all__ = ["COMMANDS", "TASKS", "build_parser", "main"]
+__all__ = ["COMMANDS", "TASKS", "build_parser", "checkpoint_arguments", "main"]
 
 TASKS = {
     "sst": "batchfold.training.sst",
@@ -46,6 +47,8 @@ _USAGE = (
     "       batchfold report RUN_DIR [--out FILE]"
 )
 _UNKNOWN = "expected one of: " + ", ".join(COMMANDS)
+_RUNTIME = ("device", "threads", "max_eval", "scheduler", "checkpoint", "split")
+"""Options that ``batchfold eval`` never takes from a checkpoint's config."""
 
 
 def _top_help() -> str:
@@ -124,6 +127,27 @@ def build_parser(command: str, task: str) -> argparse.ArgumentParser:
     return parser
 
 
+def checkpoint_arguments(
+    task: str, config: dict[str, Any], options: Sequence[str]
+) -> argparse.Namespace:
+    """The options of ``batchfold eval <task> *options`` for a checkpoint saved with ``config``.
+
+    The checkpoint's config fills every option that ``options`` leaves out, except where and
+    how to run (device, threads, scheduler, ``--max-eval``), which take their defaults.
+
+    Arguments:
+        task: a key of :data:`TASKS`.
+        config: the checkpoint's ``config`` (the options of the run that wrote it).
+        options: ``batchfold eval`` options; ``--checkpoint`` is required.
+
+    Returns:
+        The parsed options, ready for the task module's ``make_task``.
+    """
+    parser = build_parser("eval", task)
+    saved = {key: value for key, value in config.items() if key not in _RUNTIME}
+    return parser.parse_args(options, namespace=argparse.Namespace(**saved))
+
+
 def _split_command(argv: Sequence[str]) -> tuple[str, str] | None:
     """The command and task at the start of ``argv``; ``None`` when help was asked for."""
     if not argv or argv[0] in ("-h", "--help"):
@@ -149,12 +173,8 @@ def _run(command: str, task: str, options: Sequence[str]) -> int:
         loop.prepare_out(args.out)  # before make_task reads the data: fail fast
         loop.train(module.make_task(args), args)
         return 0
-    # eval: the checkpoint's config fills every option the command line leaves out.
     known, _ = parser.parse_known_args(options)
-    config = loop.load_checkpoint(known.checkpoint)["config"]
-    for runtime in ("device", "threads", "max_eval", "scheduler", "checkpoint", "split"):
-        config.pop(runtime, None)
-    args = parser.parse_args(options, namespace=argparse.Namespace(**config))
+    args = checkpoint_arguments(task, loop.load_checkpoint(known.checkpoint)["config"], options)
     _set_threads(args.threads)
     metrics = loop.evaluate_checkpoint(
         module.make_task(args), args.checkpoint, args.split, args.device

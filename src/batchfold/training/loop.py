@@ -63,9 +63,15 @@ __all__ = [
 _FREE_ON_RESUME = frozenset(
     {"epochs", "resume", "device", "threads", "out", "compare_batches", "progress"}
     | {"glove_words"}  # what the SST task found in the GloVe file, not an option
+    | {"predicted_tags_upos"}  # the parser's tagger accuracy, measured (may vary by device)
 )
 # Options added after runs were saved: a checkpoint without them ran with these values.
-_ADDED_LATER = {"lr_schedule": "constant", "min_lr_scale": 0.0, "weight_decay": 0.0}
+_ADDED_LATER = {
+    "lr_schedule": "constant",
+    "min_lr_scale": 0.0,
+    "weight_decay": 0.0,
+    "predicted_tags": None,
+}
 
 
 def seed_everything(seed: int) -> None:

@@ -12,23 +12,29 @@ Metrics: ``dev_uas``, ``dev_las`` (and ``test_...``) in percent, over every word
 punctuation included, relations compared with their subtypes. The number of skipped
 training sentences is printed when the task is made and kept as
 :attr:`ParserTask.skipped_nonprojective`. UPOS tags, when the model uses them
-(``--pos-dim``, 25 by default as in Kiperwasser and Goldberg), are the treebank's gold tags.
-Adam (learning rate 0.001) is the default optimizer.
+(``--pos-dim``, 25 by default as in Kiperwasser and Goldberg), are the treebank's gold tags,
+unless ``--predicted-tags PATH`` names a tagger checkpoint: then dev and test are tagged by it
+once, when the task is made (:mod:`batchfold.training.predicted_tags`), training keeps gold
+tags, and the tagger's accuracy on the tags the parser reads is reported with the parser's
+metrics (``dev_tagger_upos``, ``test_tagger_upos``) and kept in the config
+(``predicted_tags_upos``). Adam (learning rate 0.001) is the default optimizer.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
 
 import torch
 from torch import Tensor, nn
 
 from batchfold.data.conllu import Sentence
+from batchfold.errors import ConfigError
 from batchfold.models.attachment import attachment_scores
 from batchfold.models.parser import ArcHybridParser, exploring_loss, parse, sentence_loss
 from batchfold.schedule import Scheduler
+from batchfold.training.predicted_tags import add_predicted_tags_argument, predict_splits
 from batchfold.training.ud import (
     UDSplits,
     UDTask,
@@ -51,9 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """
     add_ud_arguments(parser)
     add_option(parser, "--word-dim", type=int, default=100, help="word vector size")
-    add_option(
-        parser, "--pos-dim", type=int, default=25, help="gold UPOS vector size; 0 turns tags off"
-    )
+    add_option(parser, "--pos-dim", type=int, default=25, help="UPOS vector size; 0 turns tags off")
+    add_predicted_tags_argument(parser)
     add_option(parser, "--hidden", type=int, default=125, help="BiLSTM size per direction")
     add_option(parser, "--layers", type=int, default=2, help="BiLSTM layers")
     add_option(parser, "--mlp-hidden", type=int, default=100, help="MLP hidden layer size")
@@ -90,6 +95,8 @@ class ParserTask(UDTask[ArcHybridParser]):
         explore: with the dynamic oracle, the probability of following a wrong prediction.
         eval_batch: sentences per ``batch_map`` call when evaluating.
         scheduler: ``batch_map``'s scheduler.
+        tagger_upos: when dev and test carry predicted tags, the tagger's accuracy on them by
+            split, reported with each evaluation as ``{split}_tagger_upos``.
 
     Raises:
         ValueError: no training sentence is projective, or an unknown oracle.
@@ -113,6 +120,7 @@ class ParserTask(UDTask[ArcHybridParser]):
         explore: float = 0.9,
         eval_batch: int = 512,
         scheduler: Scheduler = "agenda",
+        tagger_upos: Mapping[str, float] | None = None,
     ) -> None:
         if oracle not in ("static", "dynamic"):
             raise ValueError(f"expected oracle 'static' or 'dynamic', found {oracle!r}")
@@ -135,6 +143,7 @@ class ParserTask(UDTask[ArcHybridParser]):
         self.word_dropout = word_dropout
         self.oracle = oracle
         self.explore = explore
+        self.tagger_upos = dict(tagger_upos) if tagger_upos is not None else None
 
     def train_items(self) -> Sequence[Sentence]:
         """The projective training sentences.
@@ -185,25 +194,39 @@ class ParserTask(UDTask[ArcHybridParser]):
             split: ``"dev"`` or ``"test"``.
 
         Returns:
-            ``{f"{split}_uas": uas, f"{split}_las": las}``.
+            ``{f"{split}_uas": uas, f"{split}_las": las}``, and ``f"{split}_tagger_upos"``
+            when the split's tags were predicted.
         """
         parser: ArcHybridParser = expect_model(model, ArcHybridParser)
         sentences, parsed = self.predict(parser, parse, split)
         uas, las = attachment_scores(
             [heads for heads, _ in parsed], [labels for _, labels in parsed], sentences
         )
-        return {f"{split}_uas": 100.0 * uas, f"{split}_las": 100.0 * las}
+        metrics = {f"{split}_uas": 100.0 * uas, f"{split}_las": 100.0 * las}
+        if self.tagger_upos is not None:
+            metrics[f"{split}_tagger_upos"] = self.tagger_upos[split]
+        return metrics
 
 
 def make_task(args: argparse.Namespace) -> ParserTask:
     """The parser job configured by the options of :func:`add_arguments`.
+
+    With ``--predicted-tags``, the tagger's accuracy on dev and test is also written to
+    ``args.predicted_tags_upos``, which the loop records in ``config.json``.
 
     Arguments:
         args: the parsed command line.
 
     Returns:
         The task.
+
+    Raises:
+        ConfigError: ``--predicted-tags`` with ``--pos-dim 0``, or a file that is not a usable
+            tagger checkpoint.
     """
+    path = getattr(args, "predicted_tags", None)
+    if path is not None and args.pos_dim == 0:
+        raise ConfigError(f"--predicted-tags {path}: the parser reads no tags (--pos-dim 0)")
     task = ParserTask(
         load_splits(args),
         word_dim=args.word_dim,
@@ -217,9 +240,31 @@ def make_task(args: argparse.Namespace) -> ParserTask:
         eval_batch=args.eval_batch_size,
         scheduler=getattr(args, "scheduler", "agenda"),
     )
+    predicted = None
+    if path is not None:
+        predicted = predict_splits(
+            path,
+            task.splits,
+            task.vocabs.upos,
+            device=getattr(args, "device", "cpu"),
+            eval_batch=task.eval_batch,
+            scheduler=task.scheduler,
+        )
+        task.splits, task.tagger_upos = predicted.splits, predicted.accuracy
+        args.predicted_tags_upos = predicted.accuracy  # recorded in config.json
     print(
         f"parser: {describe_splits(task.splits)}; skipped {task.skipped_nonprojective} "
         f"non-projective training sentences, training on {len(task.projective)}; "
         f"{len(task.vocabs.words)} words, {len(task.vocabs.deprels)} relations"
     )
+    if predicted is not None:
+        print(_describe_predicted(predicted.path, predicted.accuracy, predicted.unknown_tags))
     return task
+
+
+def _describe_predicted(path: str, accuracy: Mapping[str, float], unknown: Sequence[str]) -> str:
+    unseen = f"; tags the parser never saw in training: {', '.join(unknown)}" if unknown else ""
+    return (
+        f"parser: dev and test UPOS tags predicted by {path} (its accuracy on them: dev "
+        f"{accuracy['dev']:.2f}, test {accuracy['test']:.2f}); training uses gold tags{unseen}"
+    )

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from batchfold.data.conllu import Sentence
 from batchfold.data.glove import word_vectors
+from batchfold.data.vocab import LabelSet
 from batchfold.models.tagger import BiLSTMTagger, predict_tags, sentence_losses
 from batchfold.schedule import Scheduler
 from batchfold.training.ud import (
@@ -49,6 +50,7 @@ __all__ = [
     "expect_model",
     "load_splits",
     "make_task",
+    "upos_accuracy",
     "word_counts",
 ]
 
@@ -193,12 +195,28 @@ class TaggerTask(UDTask[BiLSTMTagger]):
         """
         tagger: BiLSTMTagger = expect_model(model, BiLSTMTagger)
         sentences, predicted = self.predict(tagger, predict_tags, split)
-        tags = tagger.vocabs.upos
-        right = total = 0
-        for sentence, ids in zip(sentences, predicted, strict=True):
-            right += sum(p == g for p, g in zip(tags.decode(ids), sentence.upos, strict=True))
-            total += len(sentence)
-        return {f"{split}_upos": 100.0 * right / total if total else 0.0}
+        return {f"{split}_upos": upos_accuracy(tagger.vocabs.upos, sentences, predicted)}
+
+
+def upos_accuracy(
+    tags: LabelSet, sentences: Sequence[Sentence], predicted: Sequence[Sequence[int]]
+) -> float:
+    """The accuracy in percent of predicted tag ids against the sentences' gold UPOS tags.
+
+    Arguments:
+        tags: the tagger's tag set, which decodes the ids.
+        sentences: the sentences, with their gold tags.
+        predicted: one list of tag ids per sentence, as :func:`predict_tags` gives.
+
+    Returns:
+        The share of words whose predicted tag is the gold one, over every word; 0 when there
+        are no words.
+    """
+    right = total = 0
+    for sentence, ids in zip(sentences, predicted, strict=True):
+        right += sum(p == g for p, g in zip(tags.decode(ids), sentence.upos, strict=True))
+        total += len(sentence)
+    return 100.0 * right / total if total else 0.0
 
 
 def make_task(args: argparse.Namespace) -> TaggerTask:
