@@ -439,6 +439,7 @@ def test_shapes_inferred_once_follow_shared_index_values_and_the_default_dtype()
     weight = torch.randn(3, 2)
     assert inference_key(F.linear, (Slot(0), weight), {}, ()) is not None
     assert inference_key(torch.index_select, (Slot(0), 0, torch.tensor([1])), {}, ()) is None
+    assert inference_key(torch.add, (Slot(0), weight.to_sparse()), {}, ()) is None
     for kept in ([True, False, True], [True, True, True], [False, True, False]):
         mask = torch.tensor(kept)  # the same call and metas, other values: other shapes
         assert_matches_eager(lambda x, m=mask: torch.tensor(x)[m] * 2, [[1.0, 2, 3], [4, 5, 6]])
@@ -469,3 +470,30 @@ def test_batch_norm_running_statistics_follow_eager() -> None:
         torch.testing.assert_close(out, eager(torch.tensor(x)))
     for name, value in eager.state_dict().items():
         torch.testing.assert_close(batched.state_dict()[name], value, msg=name)
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_enable_grad_inside_an_outer_no_grad_keeps_history_through_every_step(
+    scheduler: str,
+) -> None:
+    """Gathers, splits and the returned values keep the grad mode of the ops that made them,
+    not the caller's: here the caller's no_grad, the function's enable_grad."""
+    w = nn.Parameter(torch.randn(3, 3))
+    gen = torch.Generator().manual_seed(3)
+    xs = [(torch.randn(3, generator=gen) * 2).tolist() for _ in range(6)]
+
+    def fn(x: list[float]) -> torch.Tensor:
+        with torch.enable_grad():
+            h = torch.tensor(x) @ w
+            h = torch.tanh(h) if sum(x) > 0 else torch.sin(h)  # two branches: rows are gathered
+            return h @ w
+
+    with torch.no_grad():
+        want = [fn(x) for x in xs]
+        got = bf.batch_map(fn, xs, scheduler=scheduler)  # type: ignore[arg-type]
+    assert all(g.requires_grad for g in got) and all(v.requires_grad for v in want)
+    for g, v in zip(got, want, strict=True):
+        torch.testing.assert_close(g, v)
+    (want_grad,) = torch.autograd.grad(torch.stack(want).sum(), w)
+    (got_grad,) = torch.autograd.grad(torch.stack(got).sum(), w)
+    torch.testing.assert_close(got_grad, want_grad)

@@ -140,14 +140,11 @@ def _known_shape(func: Any, targs: Any, tkwargs: Any, in_metas: tuple[TensorMeta
 
 
 def _embedding_shape(targs: Any, tkwargs: Any, in_metas: tuple[TensorMeta, ...]) -> Any:
-    """``F.embedding(index, weight)``: ``[*index.shape, dim]`` in the weight's dtype.
-
-    Only the plain call (no ``max_norm``, which renormalises the weight in place).
-    """
+    """``F.embedding(index, weight)``: ``[*index.shape, dim]`` in the weight's dtype (a call
+    with ``max_norm`` is refused before this, see ``semantics.refuse_unrecordable``)."""
     weight = targs[1] if len(targs) > 1 else tkwargs.get("weight")
-    max_norm = targs[3] if len(targs) > 3 else tkwargs.get("max_norm")
     index = in_metas[0]
-    if len(in_metas) != 1 or max_norm is not None or index.dtype not in _INDEX_DTYPES:
+    if len(in_metas) != 1 or index.dtype not in _INDEX_DTYPES:
         return None
     if not isinstance(weight, Tensor) or weight.dim() != 2:
         return None
@@ -182,6 +179,7 @@ Outputs = tuple[Any, tuple[tuple[tuple[int, ...], torch.dtype], ...]]
 _OUTPUTS: dict[Any, Outputs] = {}  # for the life of the process, see inference_key
 _MAX_OUTPUTS = 1 << 14
 _PLAIN = (type(None), int, float, bool, str, torch.dtype, torch.device, torch.layout)
+_PLAIN_TENSORS = (Tensor, torch.nn.Parameter)
 
 
 def inference_key(
@@ -191,8 +189,8 @@ def inference_key(
 
     The op, its input metas, and its other arguments: plain values as they are, tensors
     from outside by meta. A floating-point tensor's values never set an output's shape;
-    an integer or boolean one's may (a mask, an index), so such a call, or one with an
-    argument of another kind, is not keyed and its shapes are inferred each time. The
+    an integer or boolean one's may (a mask, an index), so such a call, or one with a
+    tensor subclass, a sparse tensor or an argument of another kind, is not keyed and its shapes are inferred each time. The
     default dtype is part of the key (``int + 0.5`` takes it); under autocast nothing is.
     """
     if torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda"):
@@ -214,6 +212,8 @@ def _key_parts(tree: Any, parts: list[Any]) -> bool:
         parts.append((dict, tuple(tree)))
         return all(_key_parts(item, parts) for item in tree.values())
     elif isinstance(tree, Tensor):
+        if type(tree) not in _PLAIN_TENSORS or tree.layout != torch.strided:
+            return False  # a subclass or a sparse layout may shape its results its own way
         if not (tree.dtype.is_floating_point or tree.dtype.is_complex):
             return False
         parts.append(TensorMeta.of(tuple(tree.shape), tree.dtype, tree.device))

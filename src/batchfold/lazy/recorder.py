@@ -33,7 +33,7 @@ from ..stats import Stats
 from .function import BatchedFunction
 from .inference import check_inputs, infer_outputs, lazy_metas, shared_tensors, template
 from .macros import ModuleCache, Trace
-from .semantics import VIEW_NAMES, in_place_form, is_random, refuse_value_shaped
+from .semantics import VIEW_NAMES, in_place_form, is_random, refuse_unrecordable
 from .sites import func_name, user_site, version
 from .sources import FACTORIES, SourceMaker
 from .sync import Driver
@@ -248,7 +248,7 @@ class Recorder(TorchFunctionMode):
         in_metas = tuple(lazy._meta for lazy in lazies)
         site = user_site()
         name = func_name(func)
-        refuse_value_shaped(name, func, args, kwargs, Lazy, site)
+        refuse_unrecordable(name, func, args, kwargs, Lazy, site)
         device = check_inputs(name, site, in_metas, (targs, tkwargs))
         if isinstance(func, BatchedFunction):
             rule, eager = func.rule, func.eager
@@ -430,7 +430,10 @@ class Recorder(TorchFunctionMode):
         if not self.graph.pending:
             return
         self._check_shared_versions()
-        with torch._C.DisableTorchFunction():
+        # gathers, splits and sources run with grad on (each op itself runs in the mode it
+        # was recorded in), so values made under enable_grad inside an outer no_grad keep
+        # their history, as in eager PyTorch; tensors that need no grad record none
+        with torch._C.DisableTorchFunction(), torch.enable_grad():
             start = time.perf_counter()
             plan = schedule(
                 self.graph, self.scheduler, len(self.store.outputs), self.store.locations
@@ -472,7 +475,8 @@ class Recorder(TorchFunctionMode):
                 self.driver.pause()  # resumes once every instance waits or is done
             else:
                 self.flush()
-        return self.store.value(lazy._vid)
+        with torch.enable_grad():
+            return self.store.value(lazy._vid)
 
     def materialize(self, result: Any) -> Any:
         """Replace every lazy value in a (nested) result by its tensor.
@@ -484,7 +488,7 @@ class Recorder(TorchFunctionMode):
         tree_map(lambda x: lazies.append(x) if type(x) is Lazy else None, result)
         if not lazies:
             return result
-        tensors = dict(
-            zip(map(id, lazies), self.store.values([x._vid for x in lazies]), strict=True)
-        )
+        with torch.enable_grad():  # as in flush: a value keeps the history it was made with
+            values = self.store.values([x._vid for x in lazies])
+        tensors = dict(zip(map(id, lazies), values, strict=True))
         return tree_map(lambda x: tensors[id(x)] if type(x) is Lazy else x, result)

@@ -150,7 +150,7 @@ _VALUE_SHAPED = {
 }
 
 
-def refuse_value_shaped(
+def refuse_unrecordable(
     name: str,
     func: Any,
     args: tuple[Any, ...],
@@ -158,8 +158,9 @@ def refuse_value_shaped(
     lazy_type: type,
     site: str,
 ) -> None:
-    """Raise a clear error for a call whose output shape would depend on per-instance values,
-    or that writes into a shared tensor (an embedding with ``max_norm``)."""
+    """Raise a clear error for a call that batch_map cannot record: its output shape would
+    depend on per-instance values, or it writes into a shared tensor on every call (an
+    embedding with ``max_norm``)."""
     if base_name(func) in ("embedding", "embedding_bag"):
         max_norm = args[3] if len(args) > 3 else kwargs.get("max_norm")
         if max_norm is not None:
