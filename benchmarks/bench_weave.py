@@ -56,12 +56,19 @@ import torch
 from torch import Tensor
 
 import batchfold as bf
-from baselines import Timing, loss_and_grads, split_fields, time_inference, time_training
+from baselines import (
+    Timing,
+    loss_and_grads,
+    split_fields,
+    time_inference,
+    time_training,
+    timing_fields,
+)
 from batchfold import blocks
 from batchfold.data.molecules import Molecule, load_esol
 from batchfold.models.weave import WeaveModel, weave_predict
 from batchfold.models.weave_blocks import weave_blocks
-from machine import describe_machine, markdown_table, write_results
+from machine import describe_machine, markdown_table, spread, write_results
 from memory import PeakMemory
 from peer_runner import PeerUnavailable, run_peer
 
@@ -282,12 +289,10 @@ def peer_rows(
 
 def pass_fields(timing: Timing, size: int) -> dict[str, Any]:
     """A row's fields for the timed passes: throughput, median, spread and every pass."""
+    fields = timing_fields(timing)
     return {
-        "molecules_per_s": timing.trees_per_s,
-        "median_s": timing.median_s,
-        "min_s": min(timing.times),
-        "max_s": max(timing.times),
-        "times_s": timing.times,
+        "molecules_per_s": fields.pop("trees_per_s"),
+        **fields,
         "molecules_per_pass": timing.batch_size,
         "steps_per_pass": timing.batch_size // size,
     }
@@ -423,14 +428,13 @@ def summary(results: dict[str, Any]) -> str:
             key=lambda x: x["molecules_per_s"],
             default=None,
         )
-        spread = (r["max_s"] - r["min_s"]) / r["median_s"] if len(r["times_s"]) > 1 else None
         table.append(
             [
                 r["mode"],
                 r["batch_size"],
                 r["system"],
                 f"{r['molecules_per_s']:.1f}",
-                "n/a" if spread is None else f"{100 * spread:.0f}%",
+                spread(r),
                 f"{r['molecules_per_s'] / loop['molecules_per_s']:.2f}x" if loop else "",
                 f"{r['molecules_per_s'] / peer['molecules_per_s']:.2f}x" if peer else "",
                 f"{r['peak_mb']:.0f}",

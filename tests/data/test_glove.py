@@ -89,6 +89,8 @@ def test_several_dims_side_by_side(tiny_gz: Path) -> None:
     assert matrix[vocab["good"]].tolist() == pytest.approx([*TINY["good"], 5.0, 6.0])
     assert matrix[vocab["other"], 3:].tolist() == pytest.approx([7.0, 8.0])
     assert coverage == pytest.approx(3 / 4)  # found in either file: good, the, other
+    with pytest.raises(ValueError, match=r"3d and 2d side by side need a folder .* single file"):
+        load_word_vectors(vocab, tiny_gz, dim=(3, 2))
 
 
 def test_random_rows_are_seeded(tiny_gz: Path) -> None:

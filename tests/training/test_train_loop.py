@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from batchfold import cli
 from batchfold.training import loop
+from batchfold.training.checkpoint import save_checkpoint
 from batchfold.training.sst import METRICS
 
 
@@ -159,7 +160,9 @@ def test_a_diverging_loss_stops_with_a_clear_error(tmp_path: Path) -> None:
         loop.train(LinearTask(scale=1e30), linear_args(tmp_path))
 
 
-def test_cosine_schedule_sets_each_epochs_rate_and_fixes_the_epoch_count(tmp_path: Path) -> None:
+def test_cosine_schedule_sets_each_epochs_rate_and_fixes_the_epoch_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cosine = ("--optimizer", "adam", "--lr", "0.1", "--lr-schedule", "cosine", "--epochs", "3")
     loop.train(LinearTask(), linear_args(tmp_path / "straight", *cosine))
     history = read_jsonl(tmp_path / "straight" / "metrics.jsonl")
@@ -177,11 +180,26 @@ def test_cosine_schedule_sets_each_epochs_rate_and_fixes_the_epoch_count(tmp_pat
     # without a schedule the same change is allowed, as before
     loop.train(LinearTask(), linear_args(tmp_path / "plain", "--epochs", "2"))
     loop.train(LinearTask(), linear_args(tmp_path / "plain", "--epochs", "3", "--resume"))
+    # the schedule is a function of the epoch: a run stopped after epoch 2 and resumed ends
+    # where the uninterrupted one did
+    stopped = tmp_path / "stopped"
+    real_epoch = loop._train_epoch
+
+    def stop_at_third(*args: Any) -> Any:
+        if args[5] == 3:
+            raise KeyboardInterrupt
+        return real_epoch(*args)
+
+    monkeypatch.setattr(loop, "_train_epoch", stop_at_third)
+    with pytest.raises(KeyboardInterrupt):
+        loop.train(LinearTask(), linear_args(stopped, *cosine))
+    monkeypatch.setattr(loop, "_train_epoch", real_epoch)
+    loop.train(LinearTask(), linear_args(stopped, *cosine, "--resume"))
     a = loop.load_checkpoint(tmp_path / "straight" / "last.pt")["model"]
-    # the schedule is a function of the epoch: rerunning epochs 1-3 in one go gives the same run
-    loop.train(LinearTask(), linear_args(tmp_path / "again", *cosine))
-    b = loop.load_checkpoint(tmp_path / "again" / "last.pt")["model"]
+    b = loop.load_checkpoint(stopped / "last.pt")["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
+    lr_scales = [r["lr_scale"] for r in read_jsonl(stopped / "metrics.jsonl")]
+    assert lr_scales == pytest.approx([1.0, 0.5, 0.0])
 
 
 def test_constant_schedule_with_weight_decay_shrinks_the_weights(tmp_path: Path) -> None:
@@ -194,3 +212,20 @@ def test_constant_schedule_with_weight_decay_shrinks_the_weights(tmp_path: Path)
     ]
     assert norms[1] < norms[0]
     assert "lr_scale" not in read_jsonl(tmp_path / "plain" / "metrics.jsonl")[0]
+
+
+def test_checkpoints_from_before_the_schedule_options_resume_at_a_constant_rate(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "old"
+    loop.train(LinearTask(), linear_args(out, "--epochs", "2"))
+    state = loop.load_checkpoint(out / "last.pt")
+    for key in ("lr_schedule", "min_lr_scale", "weight_decay"):  # as an earlier batchfold saved
+        del state["config"][key]
+    save_checkpoint(out / "last.pt", state)
+    loop.train(LinearTask(), linear_args(out, "--epochs", "3", "--resume"))
+    assert [r["epoch"] for r in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3]
+    with pytest.raises(loop.ConfigError, match="lr_schedule: 'constant' -> 'cosine'"):
+        loop.train(
+            LinearTask(), linear_args(out, "--epochs", "4", "--lr-schedule", "cosine", "--resume")
+        )

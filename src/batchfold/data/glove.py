@@ -206,6 +206,11 @@ def load_word_vectors(
     first = 1 if isinstance(vocab, Vocab) else 0  # the UNK row is never looked up
     keys = [(word.lower(), unescape_word(word).lower()) for word in words[first:]]
     dims = [dim] if isinstance(dim, int) else list(dim)
+    if len(dims) > 1 and path is not None and Path(path).is_file():
+        raise ValueError(
+            f"GloVe vectors of {' and '.join(f'{d}d' for d in dims)} side by side need a "
+            f"folder holding one file of each size, not the single file {path}"
+        )
     matrices, found = [], set[int]()
     for k, d in enumerate(dims):
         matrix, rows = _matrix(keys, first, glove_file(path, d), d, seed + k, init_range)

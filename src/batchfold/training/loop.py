@@ -70,7 +70,6 @@ _ADDED_LATER = {
     "lr_schedule": "constant",
     "min_lr_scale": 0.0,
     "weight_decay": 0.0,
-    "predicted_tags": None,
 }
 
 
