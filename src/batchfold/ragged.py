@@ -55,7 +55,8 @@ class Family:
 
     ``kind`` is ``"rows"`` (the op runs on the packed rows as it is), ``"elementwise"`` (the
     same, after per-instance inputs without the leading dim are repeated for every row),
-    ``"mv"`` (``[L, d] @ [d]``), ``"weighted"`` (``[L] @ [L, d]``), ``"blockdiag"``
+    ``"mv"`` (``[L, d] @ [d]``), ``"macro"`` (a module call's traced ops, see
+    ``lazy.ragged_macros``), ``"weighted"`` (``[L] @ [L, d]``), ``"blockdiag"``
     (``[L, L] @ [L, d]`` or ``[L, L] @ [L]``: an adjacency times states), a segment reduction
     (``"sum"``, ``"mean"``, ``"amax"``, ``"logsumexp"``, ``"softmax"``, ``"log_softmax"``)
     or ``"source"`` (per-instance tensors to concatenate). ``ragged_in`` and ``ragged_out``
@@ -71,6 +72,7 @@ class Family:
     square: int = -1  # "blockdiag": the input that is [L, L] per node, gathered flat
     outs: tuple[TensorMeta, ...] = ()  # the first member's output metas
     secondary: tuple[int, ...] = ()  # ragged inputs whose length is not the node's
+    replay: Any = None  # "macro": runs a traced module call's ops on packed inputs
 
 
 def ragged_meta(meta: TensorMeta) -> tuple[Any, ...]:
@@ -337,6 +339,8 @@ def run_family(
     family = sig.family
     assert family is not None
     kind, n = family.kind, len(lengths)
+    if kind == "macro":
+        return family.replay(inputs, lengths)
     segment = torch.from_numpy(np.repeat(np.arange(n, dtype=np.int64), lengths))
     segment = segment.to(inputs[0].device)
     if kind == "rows":
@@ -534,10 +538,10 @@ def join_family(families: dict[Any, Family], sig: Signature, key: Any) -> None:
         families[fkey] = family
         if (
             sig.source is None
-            and square < 0
+            and (square < 0 or len(sig.in_metas[1].shape) == 2)
             and member_pattern(sig.func, _first_is_slot(sig), sig.in_metas) == (ragged_in, length)
         ):
-            families[("member", family_key(key, ragged_in))] = family
+            families[("member", family_key(key, ragged_in, square))] = family
     sig.family, sig.length, sig.pool = family, length, family.rep
 
 
@@ -594,10 +598,13 @@ def member_of(
     found = member_pattern(func, first_lazy, in_metas)
     if found is None or found[1] == 0:
         return None
-    family = families.get(("member", family_key(key, found[0])))
+    length = found[1]
+    a = in_metas[0].shape
+    # [L, L] @ [L, d]: an adjacency times states, keyed without the square's shape
+    square = 0 if func in _MATMUL and a == (length, length) and len(in_metas) == 2 else -1
+    family = families.get(("member", family_key(key, found[0], square)))
     if family is None:
         return None
-    length = found[1]
     outs = tuple(
         TensorMeta.of((length, *m.shape[1:]), m.dtype, m.device) if ragged else m
         for m, ragged in zip(family.outs, family.ragged_out, strict=True)

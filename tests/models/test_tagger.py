@@ -74,10 +74,12 @@ def test_bilstm_steps_are_one_node_each_and_batch_across_sentences(scheduler) ->
         scheduler=scheduler,
         return_stats=True,
     )
-    # per sentence and position: a source, a mul, and 2 layers x 2 directions of LSTM steps
-    assert stats.nodes == 4 * 3 * (2 + 4)
-    # one source step, one mul step per constant, one step per layer, direction and position
-    assert stats.steps == 1 + 3 + 2 * 2 * 3
+    # per sentence and position: a source, a mul, and 2 layers x 2 directions of LSTM steps;
+    # the numbers k after the first seen (k = 1, 2) are read per instance: a source each
+    assert stats.nodes == 4 * 3 * (2 + 4) + 4 * 2
+    # a step per kind of source, a mul step for k = 0 and one for k = 1, 2 (one depth), one
+    # step per layer, direction and position
+    assert stats.steps == 2 + 2 + 2 * 2 * 3
 
 
 def test_batched_predictions_equal_eager_and_read_once() -> None:

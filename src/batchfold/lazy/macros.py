@@ -8,7 +8,8 @@ its per-instance ops, the ops become a :class:`Template`: every later call with 
 is one graph node, and its batched step replays the template's ops on the whole batch,
 nothing gathered inside. Calls that cannot be cached are recorded op by op, correctly, and
 the statistics say which and why. ``batch_map(..., cache_modules=False)`` or
-:func:`no_cache` on a module switches it off.
+:func:`no_cache` on a module switches it off. A call on ragged inputs (tensors of 2 or more
+dims, with ragged batching on) is keyed without their length: see :mod:`.ragged_macros`.
 """
 
 from __future__ import annotations
@@ -25,15 +26,17 @@ from ..graph import OUT_BITS, Signature
 from ..ops import OpRule
 from .context import active_recorder
 from .inference import template
+from .lengths import Guard
+from .ragged_macros import ORIGINAL_CALL, RaggedMacro, RaggedTemplate, call_ragged, ragged_key
 from .semantics import VIEW_NAMES, grad_mode
 from .sites import user_site
-from .tensor import Lazy, has_lazy
+from .tensor import Lazy, build, flatten_lazies, has_lazy
 
 if TYPE_CHECKING:
     from .recorder import Recorder
 
 Tensor = torch.Tensor
-_ORIGINAL_CALL = nn.Module.__call__
+_ORIGINAL_CALL = ORIGINAL_CALL
 _INSTALLED = [0]
 _LOCK = threading.Lock()
 _OFF = "_batchfold_no_cache"
@@ -51,12 +54,30 @@ def no_cache(module: nn.Module) -> nn.Module:
 class Trace:
     """The nodes one module call adds while it is traced, and why it cannot be cached."""
 
-    __slots__ = ("inputs", "start", "ops", "reason")
+    __slots__ = ("inputs", "start", "ops", "reason", "length", "guards", "ragged")
 
-    def __init__(self, inputs: list[int], start: int) -> None:
+    def __init__(
+        self,
+        inputs: list[int],
+        start: int,
+        length: int | None = None,
+        ragged_in: tuple[bool, ...] = (),
+    ) -> None:
         self.inputs, self.start = inputs, start  # start: the first value id of the call
         self.ops: list[tuple[Signature, tuple[int, ...], int, Any]] = []
         self.reason: str | None = None
+        # a call on ragged inputs: their leading dim (see lengths.py), the guards on it, and
+        # the value ids of ragged values, the inputs' and those ragged rules made from them
+        self.length = length
+        self.guards: list[Guard] = []
+        self.ragged = {v for v, r in zip(inputs, ragged_in, strict=False) if r}
+
+    def add(self, sig: Signature, inputs: list[int], first: int) -> None:
+        """Note a node the call recorded (an op on lazy inputs)."""
+        self.ops.append((sig, tuple(inputs), first, None))
+        ragged = self.ragged
+        if ragged and sig.family is not None and any(v in ragged for v in inputs):
+            ragged.update(first + o for o, r in enumerate(sig.family.ragged_out) if r)
 
     def refuse(self, reason: str) -> None:
         """Mark the call as not cacheable (the first reason wins)."""
@@ -67,12 +88,10 @@ class Trace:
         """The template of the traced call, or the reason it cannot be cached."""
         if self.reason is not None:
             return self.reason
-        if type(result) is Lazy:
-            outs, structure = [result], None
-        elif type(result) in (tuple, list) and result and all(type(r) is Lazy for r in result):
-            outs, structure = list(result), type(result)
-        else:
-            return f"returns {type(result).__name__}, not lazy tensors"
+        outs: list[Lazy] = []
+        structure = flatten_lazies(result, outs)
+        if structure is False:
+            return f"returns {type(result).__name__}, not lazy tensors (or tuples of them)"
         where: dict[int, tuple[int, ...]] = {
             v: (0, k) for k, v in reversed(list(enumerate(self.inputs)))
         }
@@ -104,7 +123,7 @@ class Template:
         self,
         ops: list[tuple[Signature, tuple[Any, ...], Any]],
         outputs: list[tuple[Any, ...]],
-        structure: type | None,
+        structure: Any,
         fallbacks: Fallbacks,
     ) -> None:
         self.ops, self.outputs, self.structure = ops, outputs, structure
@@ -139,7 +158,19 @@ def _same_payload(a: Any, b: Any) -> bool:
 
 
 class _Entry:
-    __slots__ = ("module", "template", "confirmed", "reason", "sig", "order", "outs")
+    __slots__ = (
+        "module",
+        "template",
+        "confirmed",
+        "reason",
+        "sig",
+        "order",
+        "outs",
+        "ragged",
+        "length",
+        "guards",
+        "macro",
+    )
 
     def __init__(self, module: nn.Module) -> None:
         self.module = module  # kept alive: the key holds its id
@@ -149,6 +180,12 @@ class _Entry:
         self.sig: Signature | None = None  # the macro's, or its one op's
         self.order: list[int] | None = None  # one op: which call inputs it reads, in order
         self.outs: list[int] = []  # which of the node's outputs the call returns
+        # a call on ragged inputs: its first trace, that trace's length and guards, and once
+        # a trace of another length agrees, the macro that records its calls
+        self.ragged: RaggedTemplate | None = None
+        self.length = 0
+        self.guards: list[Guard] = []
+        self.macro: RaggedMacro | None = None
 
 
 class ModuleCache:
@@ -164,20 +201,17 @@ class ModuleCache:
     def call(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """``module(*args, **kwargs)`` inside ``batch_map``: a macro node, or traced op by op."""
         rec = self.rec
-        if rec.ragged and _takes_sequences(args, kwargs):  # each length would be a new key
-            self.misses[f"{type(module).__name__}: {SEQUENCES}"] += 1
-            return _ORIGINAL_CALL(module, *args, **kwargs)
+        if rec.ragged and _takes_sequences(args, kwargs):  # keyed without the length
+            found = ragged_key(rec, module, args, kwargs)
+            if found is None:
+                self.misses[f"{type(module).__name__}: {SEQUENCES}"] += 1
+                return _ORIGINAL_CALL(module, *args, **kwargs)
+            return call_ragged(self, module, args, kwargs, *found)
         inputs: list[int] = []
         key = (id(module), module.training, grad_mode(), rec.args_key(args, inputs))
         if kwargs:
             key = (*key, rec.kwargs_key(kwargs, inputs))
-        entry = self.entries.get(key)
-        if entry is None:
-            entry = self.entries[key] = _Entry(module)
-            if getattr(module, _OFF, False):
-                entry.reason = "switched off with no_cache"
-            elif _has_hooks(module):
-                entry.reason = "it or a submodule has hooks"
+        entry = self.entry_for(key, module)
         if entry.confirmed:
             self.hits += 1
             if entry.sig is None:  # hands back some of its arguments, records nothing
@@ -188,6 +222,39 @@ class ModuleCache:
             return _ORIGINAL_CALL(module, *args, **kwargs)
         return self._trace(entry, module, args, kwargs, inputs)
 
+    def entry_for(self, key: Any, module: nn.Module) -> _Entry:
+        """The cache entry of ``key``, made (switched off where the module asks) if new."""
+        entry = self.entries.get(key)
+        if entry is None:
+            entry = self.entries[key] = _Entry(module)
+            if getattr(module, _OFF, False):
+                entry.reason = "switched off with no_cache"
+            elif _has_hooks(module):
+                entry.reason = "it or a submodule has hooks"
+        return entry
+
+    def trace_call(
+        self,
+        module: nn.Module,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        inputs: list[int],
+        length: int | None = None,
+        ragged_in: tuple[bool, ...] = (),
+    ) -> tuple[Trace, Any]:
+        """Call the module, tracing the nodes it records."""
+        rec = self.rec
+        graph = rec.graph
+        start = (graph.node_base + graph.pending) << OUT_BITS
+        trace = rec.trace = Trace(inputs, start, length, ragged_in)
+        try:
+            result = _ORIGINAL_CALL(module, *args, **kwargs)
+        finally:
+            if rec.trace is trace:  # a read inside the call has already stopped it
+                rec.trace = None
+        self.traced += 1
+        return trace, result
+
     def _trace(
         self,
         entry: _Entry,
@@ -196,16 +263,8 @@ class ModuleCache:
         kwargs: dict[str, Any],
         inputs: list[int],
     ) -> Any:
-        rec = self.rec
-        graph = rec.graph
-        trace = rec.trace = Trace(inputs, (graph.node_base + graph.pending) << OUT_BITS)
-        try:
-            result = _ORIGINAL_CALL(module, *args, **kwargs)
-        finally:
-            if rec.trace is trace:  # a read inside the call has already stopped it
-                rec.trace = None
-        self.traced += 1
-        found = trace.finish(result, rec.store.fallbacks)
+        trace, result = self.trace_call(module, args, kwargs, inputs)
+        found = trace.finish(result, self.rec.store.fallbacks)
         name = type(module).__name__
         if isinstance(found, str):
             entry.reason = found
@@ -248,7 +307,7 @@ class ModuleCache:
             template=(targs, tkwargs),
             in_metas=tuple(lazy._meta for lazy in lazies),
             out_metas=out_metas,
-            multi=found.structure,
+            multi=None if found.structure is None else tuple,
             site=user_site(),
         )
         sig.shared = tuple(pair for op, _, _ in found.ops for pair in op.shared)
@@ -263,7 +322,7 @@ class ModuleCache:
         metas = sig.out_metas
         if template.structure is None:
             return Lazy(rec, first + entry.outs[0], metas[entry.outs[0]])
-        return template.structure([Lazy(rec, first + o, metas[o]) for o in entry.outs])
+        return build(template.structure, [Lazy(rec, first + o, metas[o]) for o in entry.outs])
 
 
 def _arguments(entry: _Entry, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -275,17 +334,18 @@ def _arguments(entry: _Entry, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
         lazies = []
         template((args, kwargs), lazies)
     outs = [lazies[k] for _, k in refs]
-    return outs[0] if entry.template.structure is None else entry.template.structure(outs)
+    return build(entry.template.structure, outs)
 
 
-SEQUENCES = (
-    "takes a tensor of 2 or more dims: recorded op by op (not traced), so that inputs of "
-    "different lengths batch together (ragged)"
-)
+SEQUENCES = "takes sequences whose leading dims differ, or are 0: recorded op by op"
+
+
+_INDEX_DTYPES = frozenset([torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8])
 
 
 def _takes_sequences(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    """Whether a call gets a lazy tensor of 2 or more dims (a sequence, say)."""
+    """Whether a call gets a lazy tensor of 2 or more dims (a sequence, say), or a vector of
+    integers (a sentence's word ids)."""
     return _any_sequence(args) or (bool(kwargs) and _any_sequence(kwargs.values()))
 
 
@@ -293,7 +353,9 @@ def _any_sequence(items: Any) -> bool:
     for item in items:
         kind = type(item)
         if kind is Lazy:
-            found = len(item._meta.shape) >= 2
+            meta = item._meta
+            rank = len(meta.shape)
+            found = rank >= 2 or (rank == 1 and meta.dtype in _INDEX_DTYPES)
         elif kind is tuple or kind is list or kind is dict:
             found = _any_sequence(item.values() if kind is dict else item)
         else:

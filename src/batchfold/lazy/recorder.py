@@ -115,6 +115,8 @@ class Recorder(TorchFunctionMode):
         graph = self.graph
         sig = graph.lookup(key)
         if sig is None:  # in-place calls never get a signature: they record their out-of-place form
+            if (operands := self.sources.operand(func, args, kwargs)) is not None:
+                return self.call(func, operands, kwargs)
             name = getattr(func, "__name__", "")
             if name[-1:] == "_" and name[:1] != "_":
                 return self._in_place_function(func, name, args, kwargs)
@@ -123,7 +125,7 @@ class Recorder(TorchFunctionMode):
                 self._view_sigs.add(sig.id)
         first = graph.add(sig, inputs, self.instance)
         if self.trace is not None:
-            self.trace.ops.append((sig, tuple(inputs), first, None))
+            self.trace.add(sig, inputs, first)
         if sig.multi is None:
             out = Lazy(self, first, sig.out_metas[0])
             if sig.id in self._view_sigs:
@@ -345,7 +347,7 @@ class Recorder(TorchFunctionMode):
         result = self.call(func, args, kwargs)
         if type(result) is not Lazy:
             raise UnsupportedOpError(f"{what} at {user_site()} does not give one tensor")
-        if result.shape != target.shape:
+        if result._meta.shape != target._meta.shape:
             raise ShapeError(
                 f"{what} at {user_site()}: the result's shape {tuple(result.shape)} does not "
                 f"match the shape {tuple(target.shape)} of the tensor written in place"

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..graph import Signature, TensorMeta
+from ..opbase import named
 from ..ops import OpRule
 from ..ragged import join_family
 from .semantics import is_random
@@ -51,6 +52,18 @@ FACTORIES = frozenset(
         "normal",
     )
 )
+# arithmetic whose Python number operand may differ per instance (``prediction - target``)
+_NUMBER_OPS = frozenset(
+    [
+        *named("add", "sub", "mul", "div", "true_divide", "subtract", "multiply", "divide"),
+        *(
+            getattr(Tensor, f"__{n}__")
+            for n in (["add", "radd", "sub", "rsub", "mul", "rmul", "truediv", "rtruediv"])
+        ),
+    ]
+)
+_OPERAND_DTYPES = frozenset([torch.float32, torch.float64])
+_SWITCHED = object()
 _SCALAR_DTYPES: dict[type, torch.dtype | None] = {int: torch.int64, bool: torch.bool, float: None}
 _NUMBER_KEYWORDS = frozenset(("dtype", "device"))
 
@@ -68,6 +81,40 @@ class SourceMaker:
     def __init__(self, rec: Recorder) -> None:
         self.rec = rec
         self._scalars: dict[tuple[Any, ...], tuple[Signature, TensorMeta]] = {}
+        self._operands: dict[tuple[Any, ...], Any] = {}  # see operand()
+
+    def operand(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """``x - c`` whose number ``c`` has differed between calls: ``c`` as a source node.
+
+        Called when a call has no signature yet. Numbers are part of a signature, so a number
+        that differs per instance (a regression target) would make every instance's op a
+        signature of its own, batched with nothing. Once a second number is seen for the
+        same op and tensor, the number becomes a 0-d tensor of the tensor's dtype, read per
+        instance: the arguments to record instead, or ``None``. Only for float32 and float64
+        tensors, where eager PyTorch computes with the number cast to the tensor's dtype (as
+        a 0-d tensor of that dtype is), so values and dtypes stay eager's.
+        """
+        if kwargs or len(args) != 2 or func not in _NUMBER_OPS:
+            return None
+        a, b = args
+        if type(a) is Lazy and (type(b) is float or type(b) is int):
+            lazy, number, at = a, b, 1
+        elif type(b) is Lazy and (type(a) is float or type(a) is int):
+            lazy, number, at = b, a, 0
+        else:
+            return None
+        meta = lazy._meta
+        if meta.dtype not in _OPERAND_DTYPES:
+            return None
+        pattern = (func, meta, at)
+        seen = self._operands.get(pattern, number)
+        if seen is not _SWITCHED and seen == number:
+            self._operands[pattern] = number
+            return None
+        self._operands[pattern] = _SWITCHED
+        with torch._C.DisableTorchFunction():  # from a Lazy method the mode is still on
+            value = self.number((number,), {"dtype": meta.dtype, "device": meta.device})
+        return (lazy, value) if at == 1 else (value, lazy)
 
     def number(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Lazy | None:
         """``torch.tensor(value, dtype=..., device=...)`` of a Python number: a source node.

@@ -17,6 +17,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from ..graph import TensorMeta
+from .lengths import Length, traced_size
 
 if TYPE_CHECKING:
     from .recorder import Recorder
@@ -41,6 +42,9 @@ class Lazy:
     @property
     def shape(self) -> torch.Size:
         """The shape of one instance's value."""
+        trace = self._rec.trace
+        if trace is not None and self._vid in trace.ragged:  # traced, its length left out
+            return traced_size(self._meta.size, trace.length, trace)
         return self._meta.size
 
     @property
@@ -66,11 +70,11 @@ class Lazy:
     @property
     def ndim(self) -> int:
         """Number of dimensions of one instance's value."""
-        return len(self.shape)
+        return len(self._meta.size)
 
     def dim(self) -> int:
         """Number of dimensions of one instance's value."""
-        return len(self.shape)
+        return len(self._meta.size)
 
     def size(self, dim: int | None = None) -> Any:
         """The shape, or the length of dimension ``dim``."""
@@ -78,12 +82,15 @@ class Lazy:
 
     def numel(self) -> int:
         """Number of elements of one instance's value."""
-        return self.shape.numel()
+        first = self.shape[0] if self._meta.size else None
+        if isinstance(first, Length):
+            first.used("numel()")
+        return self._meta.size.numel()
 
     def __len__(self) -> int:
         if not self.shape:
             raise TypeError("len() of a 0-d lazy tensor")
-        return self.shape[0]
+        return int(self.shape[0])  # a traced call's length notes the use
 
     def is_floating_point(self) -> bool:
         """Whether the dtype is a floating-point type."""
@@ -320,3 +327,31 @@ def has_lazy(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> bool:
         type(v) is Lazy or (type(v) in (list, tuple) and any(type(b) is Lazy for b in v))
         for v in kwargs.values()  # type: ignore[union-attr]
     )
+
+
+def flatten_lazies(result: Any, outs: list[Lazy]) -> Any:
+    """Append the lazy tensors of a call's result to ``outs``; its nesting, for :func:`build`.
+
+    ``None`` for one tensor, ``(tuple or list, nestings)`` for non-empty tuples and lists of
+    them (``nn.LSTM``'s ``(output, (h, c))``), ``False`` for anything else.
+    """
+    kind = type(result)
+    if kind is Lazy:
+        outs.append(result)
+        return None
+    if (kind is tuple or kind is list) and result:
+        parts = tuple(flatten_lazies(item, outs) for item in result)
+        return False if any(p is False for p in parts) else (kind, parts)
+    return False
+
+
+def build(structure: Any, outs: list[Any]) -> Any:
+    """A call's result from its lazy tensors in order and the nesting :func:`flatten_lazies` gave."""
+    return outs[0] if structure is None else _build(structure, iter(outs))
+
+
+def _build(structure: Any, outs: Any) -> Any:
+    if structure is None:
+        return next(outs)
+    kind, parts = structure
+    return kind(_build(p, outs) for p in parts)

@@ -1,0 +1,270 @@
+"""Cached traces of module calls on ragged inputs: one node per call, whatever its length.
+
+A module called on a sequence ``[T, d]`` (or a molecule's ``[atoms, d]``) is keyed with the
+leading dim of its ragged inputs left out (see :func:`ragged_key`), so calls of every length
+share one cache entry. A trace becomes a :class:`RaggedTemplate` when every op that reads a
+ragged value has a ragged rule (:mod:`batchfold.ragged`) for exactly those inputs at the
+call's length, and ops on fixed values only read fixed values. The entry is confirmed by two
+traces of *different* lengths that recorded the same ops, and guards on the length (see
+:mod:`.lengths`) hold for each later call. Each length then gets a member signature of one
+``"macro"`` family, so the calls of all lengths run as one packed step: the template's ops
+replayed on the packed rows, ragged ops by their ragged rule, fixed ops by their batched
+rule.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..execute import Fallbacks, run_op, run_ragged, sources_batch
+from ..graph import Graph, Signature, TensorMeta
+from ..ops import OpRule
+from ..ragged import Family, family_key, generic_pattern, ragged_meta
+from .inference import lazy_metas, template
+from .lengths import guards_hold
+from .semantics import grad_mode
+from .sites import user_site
+from .tensor import Lazy, build
+
+if TYPE_CHECKING:
+    from .macros import ModuleCache, Template
+    from .recorder import Recorder
+
+Tensor = torch.Tensor
+ORIGINAL_CALL = nn.Module.__call__
+RAGGED = "ragged call"
+GUARDED = "a comparison on the length of its ragged inputs answers otherwise: recorded op by op"
+# ragged rules whose inputs are not all packed rows of the node's length
+_NOT_REPLAYED = frozenset(["blockdiag", "index_rows", "index_add", "source"])
+
+
+def ragged_key(
+    rec: Recorder, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Any, list[int], tuple[TensorMeta, ...], tuple[bool, ...], int] | None:
+    """The cache key of a call with the ragged inputs' length left out, its input value ids
+    and metas, which inputs are ragged (those of the highest rank) and their length.
+
+    ``None`` when the inputs of the highest rank differ in length, or the length is 0.
+    """
+    metas: list[TensorMeta] = []
+    lazy_metas(args, metas)
+    if kwargs:
+        lazy_metas(kwargs, metas)
+    found = generic_pattern(tuple(metas))
+    if found is None or found[1] == 0:
+        return None
+    ragged_in, length = found
+    inputs: list[int] = []
+    parts = rec.args_key(args, inputs)
+    if all(type(p) is TensorMeta for p in parts) and len(parts) == len(metas):
+        parts = tuple(ragged_meta(m) if r else m for m, r in zip(parts, ragged_in, strict=True))
+        key: Any = (RAGGED, id(module), module.training, grad_mode(), parts)
+    else:
+        key = family_key((RAGGED, id(module), module.training, grad_mode(), parts), ragged_in)
+    if kwargs:
+        kparts = family_key(rec.kwargs_key(kwargs, inputs), ragged_in[len(parts) :])
+        key = (*key, kparts)
+    return key, inputs, tuple(metas), ragged_in, length
+
+
+def call_ragged(
+    cache: ModuleCache,
+    module: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    key: Any,
+    inputs: list[int],
+    metas: tuple[TensorMeta, ...],
+    ragged_in: tuple[bool, ...],
+    length: int,
+) -> Any:
+    """``module(*args, **kwargs)`` on ragged inputs (``found`` by :func:`ragged_key`): one
+    node of its length once confirmed, else traced or recorded op by op."""
+    entry = cache.entry_for(key, module)
+    name = type(module).__name__
+    if entry.macro is not None:
+        if guards_hold(entry.guards, length):
+            cache.hits += 1
+            return entry.macro.node(cache.rec, inputs, metas, length)
+        cache.misses[f"{name}: {GUARDED}"] += 1
+        return ORIGINAL_CALL(module, *args, **kwargs)
+    if entry.reason is not None:
+        cache.misses[f"{name}: {entry.reason}"] += 1
+        return ORIGINAL_CALL(module, *args, **kwargs)
+    trace, result = cache.trace_call(module, args, kwargs, inputs, length, ragged_in)
+    found: Any = trace.finish(result, cache.rec.store.fallbacks)
+    if not isinstance(found, str):
+        found = ragged_template(found, ragged_in, length)
+    if isinstance(found, str):
+        entry.reason = found
+    elif entry.ragged is None:
+        entry.ragged, entry.length, entry.guards = found, length, trace.guards
+    elif not found.same_as(entry.ragged) or trace.guards != entry.guards:
+        entry.reason = "records different ops for inputs of different lengths"
+    elif length != entry.length:  # confirmed by two lengths
+        entry.macro = RaggedMacro(cache.rec.graph, module, found, (args, kwargs), ragged_in)
+    if entry.reason is not None:
+        cache.misses[f"{name}: {entry.reason}"] += 1
+    return result
+
+
+class RaggedTemplate:
+    """A traced call's ops, which of them run on packed rows, and which outputs are ragged."""
+
+    def __init__(
+        self, found: Template, op_ragged: list[bool], ragged_out: tuple[bool, ...]
+    ) -> None:
+        self.ops, self.outputs, self.structure = found.ops, found.outputs, found.structure
+        self.fallbacks: Fallbacks = found.fallbacks
+        self.op_ragged, self.ragged_out = op_ragged, ragged_out
+
+    def same_as(self, other: RaggedTemplate) -> bool:
+        """Whether two traces (of any lengths) recorded the same ops on the same values."""
+        if len(self.ops) != len(other.ops) or self.outputs != other.outputs:
+            return False
+        if self.op_ragged != other.op_ragged:
+            return False
+        for (sig, refs, payload), (sig2, refs2, payload2), ragged in zip(
+            self.ops, other.ops, self.op_ragged, strict=True
+        ):
+            same_op = sig.family is sig2.family if ragged else sig is sig2
+            if not same_op or refs != refs2 or not _same_payload(payload, payload2):
+                return False
+        return True
+
+    def replay_packed(self, inputs: list[Tensor], lengths: np.ndarray) -> tuple[Tensor, ...]:
+        """Run the ops on ragged inputs packed ``[sum L, ...]``, fixed ones ``[n, ...]``."""
+        n = len(lengths)
+        values: list[tuple[Tensor, ...]] = []
+        for (op, refs, payload), ragged in zip(self.ops, self.op_ragged, strict=True):
+            if not op.in_metas:  # a constant the call made
+                values.append((sources_batch(op, [payload] * n),))
+                continue
+            args = [inputs[r[1]] if r[0] == 0 else values[r[1]][r[2]] for r in refs]
+            if ragged:
+                values.append(run_ragged(op, args, {}, lengths))
+            else:
+                values.append(run_op(op, args, n, self.fallbacks))
+        return tuple(values[j][o] for _, j, o in self.outputs)
+
+
+def _same_payload(a: Any, b: Any) -> bool:
+    if isinstance(a, Tensor) or isinstance(b, Tensor):
+        return isinstance(a, Tensor) and isinstance(b, Tensor) and torch.equal(a, b)
+    return type(a) is type(b) and a == b
+
+
+def ragged_template(
+    found: Template, ragged_in: tuple[bool, ...], length: int
+) -> RaggedTemplate | str:
+    """``found`` as a template for every length, or why it cannot be one."""
+    flags: list[tuple[bool, ...]] = []
+
+    def ragged(ref: tuple[int, ...]) -> bool:
+        return ragged_in[ref[1]] if ref[0] == 0 else flags[ref[1]][ref[2]]
+
+    op_ragged = []
+    for sig, refs, _ in found.ops:
+        reads = tuple(ragged(r) for r in refs)
+        if not any(reads):
+            op_ragged.append(False)
+            flags.append((False,) * len(sig.out_metas))
+            continue
+        family = sig.family
+        if family is None:
+            return f"{sig.name} (at {sig.site}) has no ragged rule for its inputs"
+        if (
+            family.kind in _NOT_REPLAYED
+            or family.secondary
+            or family.ragged_in != reads
+            or sig.length != length
+        ):
+            return (
+                f"{sig.name} (at {sig.site}) reads values of other lengths than the call's "
+                f"ragged inputs ({family.kind})"
+            )
+        op_ragged.append(True)
+        flags.append(family.ragged_out)
+    return RaggedTemplate(found, op_ragged, tuple(ragged(r) for r in found.outputs))
+
+
+class RaggedMacro:
+    """A confirmed ragged call: its family, and a member signature per length."""
+
+    def __init__(
+        self,
+        graph: Graph,
+        module: nn.Module,
+        found: RaggedTemplate,
+        call: tuple[tuple[Any, ...], dict[str, Any]],
+        ragged_in: tuple[bool, ...],
+    ) -> None:
+        self.graph, self.found, self.module = graph, found, module
+        self.name = type(module).__name__
+        self.call_template = (template(call[0], []), template(call[1], []))
+        self.site = user_site()
+        self.shared = tuple(pair for op, _, _ in found.ops for pair in op.shared)
+        self.outs = tuple(found.ops[j][0].out_metas[o] for _, j, o in found.outputs)
+        self.ragged_in = ragged_in
+        self.members: dict[int, Signature] = {}
+        self.family: Family | None = None
+
+    def node(
+        self, rec: Recorder, inputs: list[int], in_metas: tuple[TensorMeta, ...], length: int
+    ) -> Any:
+        """Record one call of ``length`` as a node; its lazy output(s)."""
+        sig = self.members.get(length) or self._signature(in_metas, length)
+        first = self.graph.add(sig, inputs, rec.instance)
+        outs = [Lazy(rec, first + o, meta) for o, meta in enumerate(sig.out_metas)]
+        return build(self.found.structure, outs)
+
+    def _signature(self, in_metas: tuple[TensorMeta, ...], length: int) -> Signature:
+        found = self.found
+        out_metas = tuple(
+            TensorMeta.of((length, *m.shape[1:]), m.dtype, m.device) if r else m
+            for m, r in zip(self.outs, found.ragged_out, strict=True)
+        )
+        sig = self.graph.signature(
+            (RAGGED, id(self), length),
+            func=self.module,
+            rule=OpRule(self.name, self._uniform),
+            name=self.name,
+            template=self.call_template,
+            in_metas=in_metas,
+            out_metas=out_metas,
+            multi=None if found.structure is None else tuple,
+            site=self.site,
+        )
+        if self.family is None:  # the first member: the family's representative
+            self.family = Family(
+                len(self.graph.families),
+                "macro",
+                self.ragged_in,
+                found.ragged_out,
+                sig.id,
+                outs=out_metas,
+                replay=found.replay_packed,
+            )
+            self.graph.families[(RAGGED, id(self))] = self.family
+        sig.shared, sig.family, sig.length = self.shared, self.family, length
+        sig.pool = self.family.rep
+        self.members[length] = sig
+        return sig
+
+    def _uniform(self, sig: Signature, inputs: list[Tensor], n: int) -> Any:
+        """A step whose nodes all have one length: ``[n, L, ...]`` in and out."""
+        length = sig.length
+        packed = [
+            x.reshape(n * length, *x.shape[2:]) if r else x
+            for x, r in zip(inputs, self.ragged_in, strict=True)
+        ]
+        outs = self.found.replay_packed(packed, np.full(n, length, dtype=np.int64))
+        outs = tuple(
+            y.view(n, length, *y.shape[1:]) if r else y
+            for y, r in zip(outs, self.found.ragged_out, strict=True)
+        )
+        return outs[0] if sig.multi is None else outs

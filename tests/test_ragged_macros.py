@@ -1,0 +1,191 @@
+"""Module calls on ragged inputs, cached once for every length, equal eager execution.
+
+Values and gradients in float64 against the same module called one instance at a time, both
+schedulers; calls whose ops depend on the length are recorded op by op and still equal eager.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import batchfold as bf
+from batchfold.models.attention import AttentionClassifier
+from batchfold.schedule import Scheduler
+
+LENGTHS = [3, 1, 5, 3, 2, 7, 1, 4, 6, 2]
+
+
+def _sequences(dim: int = 4, seed: int = 0, lengths: list[int] = LENGTHS) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(n, dim, dtype=torch.float64, generator=gen) for n in lengths]
+
+
+def _check(module: nn.Module, fn, xs, scheduler: Scheduler = "depth") -> bf.Stats:  # noqa: ANN001
+    got, stats = bf.batch_map(fn, xs, scheduler=scheduler, return_stats=True)
+    want = [fn(x) for x in xs]
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+    params = list(module.parameters())
+    grads = torch.autograd.grad(_weighted(got), params)
+    wants = torch.autograd.grad(_weighted(want), params)
+    for g, w in zip(grads, wants, strict=True):
+        torch.testing.assert_close(g, w)
+    return stats
+
+
+def _weighted(outputs: list[torch.Tensor]) -> torch.Tensor:
+    return torch.stack([(i + 1) * o.sum() for i, o in enumerate(outputs)]).sum()
+
+
+def _nodes(stats: bf.Stats, name: str) -> int:
+    assert stats.plan is not None
+    return sum(len(s.nodes) for s in stats.plan.steps if s.sig.name == name)
+
+
+class Encoder(nn.Module):
+    """Row-wise layers, a softmax over the rows, a weighted sum, an LSTM: [L, 4] -> [L, 3], [3]."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(4, 6)
+        self.norm = nn.LayerNorm(6)
+        self.lstm = nn.LSTM(6, 3)
+        self.score = nn.Linear(3, 1)
+
+    def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if h.dim() != 2 or h.shape[0] < 1 or h.shape[1] != 4:  # a guard, not a use
+            raise ValueError("one sequence [L >= 1, 4]")
+        states, (last, _) = self.lstm(torch.relu(self.norm(self.inp(h))))
+        weights = torch.softmax(self.score(states).squeeze(-1), 0)
+        return states * 2, weights @ states + last[0]
+
+
+@pytest.mark.parametrize("scheduler", ["agenda", "depth"])
+def test_a_module_on_sequences_is_one_node_per_call_for_every_length(scheduler: Scheduler) -> None:
+    model = Encoder().double()
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        states, context = model(torch.as_tensor(x))
+        return states.sum(0) * context
+
+    stats = _check(model, fn, _sequences(), scheduler)
+    assert stats.module_calls_cached == len(LENGTHS) - 2  # two traces of two lengths confirm
+    assert not stats.module_misses and stats.plan is not None
+    calls = [s for s in stats.plan.steps if s.sig.name == "Encoder"]
+    assert len(calls) == 1 and len(calls[0].nodes) == len(LENGTHS) - 2  # all lengths, one step
+
+
+def test_one_length_only_is_not_cached_and_a_single_call_of_another_is_traced() -> None:
+    model = Encoder().double()
+    fn = lambda x: model(torch.as_tensor(x))[1]  # noqa: E731
+    stats = _check(model, fn, _sequences(lengths=[3, 3, 3, 3, 5]))
+    assert stats.module_calls_cached == 0  # confirmed only by the last call (another length)
+
+
+def test_the_attention_classifier_is_cached_and_equals_eager() -> None:
+    torch.manual_seed(0)
+    model = AttentionClassifier(in_dim=4, dim=5, hidden=3, n_outputs=2).double()
+    xs = _sequences()
+    labels = [i % 2 for i in range(len(xs))]
+
+    def loss(item: tuple[torch.Tensor, int]) -> torch.Tensor:
+        return F.cross_entropy(model(torch.as_tensor(item[0])), torch.tensor(item[1]))
+
+    stats = _check(model, loss, list(zip(xs, labels, strict=True)))
+    assert stats.module_calls_cached >= len(xs) - 2
+
+
+class Branches(nn.Module):
+    """Takes another path for long sequences: cached calls must not take the wrong one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 2), nn.Linear(4, 2)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return (self.a(h) if h.shape[0] > 4 else self.b(h)).sum(0)
+
+
+def test_a_branch_on_the_length_is_guarded() -> None:
+    model = Branches().double()
+    stats = _check(model, lambda x: model(torch.as_tensor(x)), _sequences())
+    # lengths 3 and 1 traced the short branch; calls of length > 4 fail the guard
+    assert _nodes(stats, "Branches") == sum(1 for n in LENGTHS[2:] if n <= 4)
+    assert any("comparison on the length" in m for m in stats.module_misses)
+
+
+class Mean(nn.Module):
+    """Divides by the length read from the shape: a use of the length, never cached."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 2)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.lin(h).sum(0) / h.shape[0] + len(h) * 0.5
+
+
+def test_arithmetic_on_the_length_is_not_cached() -> None:
+    model = Mean().double()
+    stats = _check(model, lambda x: model(torch.as_tensor(x)), _sequences())
+    assert _nodes(stats, "Mean") == 0  # its linear layer is cached: a call of its own
+    assert any("uses the length of a ragged input" in m for m in stats.module_misses)
+
+
+class LastRow(nn.Module):
+    """Reads the last row: an op with no ragged rule for its input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 2)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.lin(h)[-1] * 2
+
+
+def test_an_op_without_a_ragged_rule_is_not_cached() -> None:
+    model = LastRow().double()
+    stats = _check(model, lambda x: model(torch.as_tensor(x)), _sequences())
+    assert _nodes(stats, "LastRow") == 0
+    assert any("no ragged rule" in m for m in stats.module_misses)
+
+
+def test_dropout_inside_a_cached_call_draws_per_instance() -> None:
+    model = nn.Sequential(nn.Linear(4, 40), nn.Dropout(0.5)).double().train()
+    xs = [torch.ones(n, 4, dtype=torch.float64) for n in (2, 3, 3, 3, 3)]
+    got, stats = bf.batch_map(lambda x: model(torch.as_tensor(x)), xs, return_stats=True)
+    assert stats.module_calls_cached == 3
+    zeros = [(g == 0) for g in got[2:]]
+    assert not torch.equal(zeros[0], zeros[1]) and not torch.equal(zeros[1], zeros[2])
+    for g, x in zip(got, xs, strict=True):
+        kept = g != 0  # kept entries are the linear layer's, scaled by 1 / (1 - p)
+        torch.testing.assert_close(g[kept], (model[0](x) * 2)[kept])
+
+
+def test_weights_and_train_mode_changed_between_calls_are_honoured() -> None:
+    model = Encoder().double()
+    fn = lambda x: model(torch.as_tensor(x))[1]  # noqa: E731
+    xs = _sequences(seed=3)
+    bf.batch_map(fn, xs)
+    with torch.no_grad():
+        model.inp.weight.mul_(-0.5)
+    _check(model, fn, xs)
+    model.eval()
+    _check(model, fn, xs)
+
+
+def test_ragged_off_keeps_modules_on_sequences_keyed_by_exact_shape() -> None:
+    model = Encoder().double()
+    rng = random.Random(0)
+    lengths = [rng.choice([2, 3]) for _ in range(12)]
+    fn = lambda x: model(torch.as_tensor(x))[1]  # noqa: E731
+    xs = _sequences(lengths=lengths)
+    got, stats = bf.batch_map(fn, xs, ragged=False, return_stats=True)
+    for g, x in zip(got, xs, strict=True):
+        torch.testing.assert_close(g, fn(x))
+    assert stats.ragged_steps == 0 and stats.module_calls_cached == len(xs) - 4
