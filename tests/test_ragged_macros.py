@@ -189,3 +189,28 @@ def test_ragged_off_keeps_modules_on_sequences_keyed_by_exact_shape() -> None:
     for g, x in zip(got, xs, strict=True):
         torch.testing.assert_close(g, fn(x))
     assert stats.ragged_steps == 0 and stats.module_calls_cached == len(xs) - 4
+
+
+class Switch(nn.Module):
+    """Its ops depend on a Python attribute the cache key does not hold."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 2)
+        self.double_it = False
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        out = self.lin(h)
+        return (out * 2 if self.double_it else out).sum(0)
+
+
+def test_a_later_batch_map_confirms_after_one_trace_of_the_same_ops() -> None:
+    model = Switch().double()
+    fn = lambda x: model(torch.as_tensor(x))  # noqa: E731
+    xs = _sequences(seed=4)
+    first = _check(model, fn, xs)
+    again = _check(model, fn, xs)
+    assert first.module_calls_traced == 2 and again.module_calls_traced == 1
+    model.double_it = True  # other ops: traced twice again, and eager's values
+    changed = _check(model, fn, xs)
+    assert changed.module_calls_traced == 2

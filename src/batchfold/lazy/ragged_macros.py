@@ -21,11 +21,11 @@ import torch
 from torch import nn
 
 from ..execute import Fallbacks, run_op, run_ragged, sources_batch
-from ..graph import Graph, Signature, TensorMeta
+from ..graph import Graph, Signature, Slot, TensorMeta
 from ..ops import OpRule
 from ..ragged import Family, family_key, generic_pattern, ragged_meta
 from .inference import lazy_metas, template
-from .lengths import guards_hold
+from .lengths import Guard, guards_hold
 from .semantics import grad_mode
 from .sites import user_site
 from .tensor import Lazy, build
@@ -38,6 +38,9 @@ Tensor = torch.Tensor
 ORIGINAL_CALL = nn.Module.__call__
 RAGGED = "ragged call"
 GUARDED = "a comparison on the length of its ragged inputs answers otherwise: recorded op by op"
+# ragged calls confirmed in this process: key -> fingerprint (see call_ragged)
+_CONFIRMED: dict[Any, tuple[tuple[Any, ...], list[Any]]] = {}
+_MAX_CONFIRMED = 4096
 # ragged rules whose inputs are not all packed rows of the node's length
 _NOT_REPLAYED = frozenset(["blockdiag", "index_rows", "index_add", "source"])
 
@@ -103,10 +106,15 @@ def call_ragged(
         entry.reason = found
     elif entry.ragged is None:
         entry.ragged, entry.length, entry.guards = found, length, trace.guards
+        if _same_print(_CONFIRMED.get(key), found.fingerprint(trace.guards)):
+            entry.macro = RaggedMacro(cache.rec.graph, module, found, (args, kwargs), ragged_in)
     elif not found.same_as(entry.ragged) or trace.guards != entry.guards:
         entry.reason = "records different ops for inputs of different lengths"
     elif length != entry.length:  # confirmed by two lengths
         entry.macro = RaggedMacro(cache.rec.graph, module, found, (args, kwargs), ragged_in)
+        if len(_CONFIRMED) >= _MAX_CONFIRMED:
+            _CONFIRMED.clear()
+        _CONFIRMED[key] = found.fingerprint(trace.guards)
     if entry.reason is not None:
         cache.misses[f"{name}: {entry.reason}"] += 1
     return result
@@ -136,6 +144,28 @@ class RaggedTemplate:
                 return False
         return True
 
+    def fingerprint(self, guards: list[Guard]) -> tuple[tuple[Any, ...], list[Any]]:
+        """The ops, as one recorder's signatures would be compared by another's: the call's
+        structure with shared tensors by identity, and the constants it made."""
+        ops, constants = [], []
+        for (sig, refs, payload), ragged in zip(self.ops, self.op_ragged, strict=True):
+            if not sig.in_metas:
+                constants.append(payload)
+                ops.append(("constant", sig.out_metas, refs))
+                continue
+            family = sig.family
+            if ragged:
+                metas = tuple(
+                    ragged_meta(m) if r else m
+                    for m, r in zip(sig.in_metas, family.ragged_in, strict=True)
+                )
+                what: Any = (family.kind, family.ragged_in, family.ragged_out, metas)
+            else:
+                what = (sig.in_metas, sig.out_metas)
+            ops.append((sig.func, what, _plain(sig.template), sig.grad, refs))
+        shape = (self.outputs, self.structure, self.op_ragged, self.ragged_out, tuple(guards))
+        return (tuple(ops), shape), constants
+
     def replay_packed(self, inputs: list[Tensor], lengths: np.ndarray) -> tuple[Tensor, ...]:
         """Run the ops on ragged inputs packed ``[sum L, ...]``, fixed ones ``[n, ...]``."""
         n = len(lengths)
@@ -150,6 +180,26 @@ class RaggedTemplate:
             else:
                 values.append(run_op(op, args, n, self.fallbacks))
         return tuple(values[j][o] for _, j, o in self.outputs)
+
+
+def _plain(template: Any) -> Any:
+    """A template's arguments with shared tensors as their identities (comparable with ==)."""
+    kind = type(template)
+    if kind is tuple or kind is list:
+        return (kind, *(_plain(item) for item in template))
+    if kind is dict:
+        return (dict, *((name, _plain(item)) for name, item in template.items()))
+    if isinstance(template, Tensor):
+        return ("tensor", id(template))
+    if kind is Slot:
+        return ("slot", template.index)
+    return template
+
+
+def _same_print(a: tuple[Any, list[Any]] | None, b: tuple[Any, list[Any]]) -> bool:
+    if a is None or a[0] != b[0] or len(a[1]) != len(b[1]):
+        return False
+    return all(_same_payload(x, y) for x, y in zip(a[1], b[1], strict=True))
 
 
 def _same_payload(a: Any, b: Any) -> bool:
