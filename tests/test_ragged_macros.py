@@ -214,3 +214,23 @@ def test_a_later_batch_map_confirms_after_one_trace_of_the_same_ops() -> None:
     model.double_it = True  # other ops: traced twice again, and eager's values
     changed = _check(model, fn, xs)
     assert changed.module_calls_traced == 2
+
+
+class Pair(nn.Module):
+    """Two sequences, one by keyword, checked to have one length."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k = nn.Linear(4, 3), nn.Linear(4, 3)
+
+    def forward(self, h: torch.Tensor, *, keys: torch.Tensor) -> torch.Tensor:
+        if h.shape[0] != keys.shape[0]:
+            raise ValueError("one length")
+        return (self.q(h) * self.k(keys)).sum(0)
+
+
+def test_a_call_with_a_sequence_by_keyword_is_cached() -> None:
+    model = Pair().double()
+    fn = lambda x: model(torch.as_tensor(x), keys=torch.as_tensor(x).flip(-1))  # noqa: E731
+    stats = _check(model, fn, _sequences(seed=5))
+    assert _nodes(stats, "Pair") == len(LENGTHS) - 2

@@ -55,6 +55,7 @@ def ragged_key(
     """
     metas: list[TensorMeta] = []
     lazy_metas(args, metas)
+    positional = len(metas)
     if kwargs:
         lazy_metas(kwargs, metas)
     found = generic_pattern(tuple(metas))
@@ -69,7 +70,7 @@ def ragged_key(
     else:
         key = family_key((RAGGED, id(module), module.training, grad_mode(), parts), ragged_in)
     if kwargs:
-        kparts = family_key(rec.kwargs_key(kwargs, inputs), ragged_in[len(parts) :])
+        kparts = family_key(rec.kwargs_key(kwargs, inputs), ragged_in[positional:])
         key = (*key, kparts)
     return key, inputs, tuple(metas), ragged_in, length
 

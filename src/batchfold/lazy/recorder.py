@@ -46,6 +46,9 @@ _LEADING = ("input", "tensors", "self")  # parameter names that come first when 
 _TENSOR = torch.tensor
 _mode_active = torch._C._is_torch_function_mode_enabled
 _GETTER = type(Tensor.device.__get__)  # what the mode sees for an attribute read of a tensor
+_PASS = frozenset(
+    [torch._C._set_grad_enabled, Tensor.__int__, Tensor.__float__, Tensor.__bool__, Tensor.item]
+)
 _PLAIN = frozenset((type(None), str, int, float, bool))  # keyword values keyed as they are
 
 
@@ -76,6 +79,8 @@ class Recorder(TorchFunctionMode):
         self.instance = index
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
+        if func in _PASS and not (args and type(args[0]) is Lazy):
+            return func(*args, **(kwargs or {}))  # grad mode switches, a read value's number
         if type(func) is _GETTER and len(args) == 1 and not kwargs and type(args[0]) is not Lazy:
             # an attribute of a shared tensor (p.device, w.shape): read it at once; a tensor
             # attribute (w.T) goes on to the memo, so that it keeps one identity
@@ -477,7 +482,7 @@ class Recorder(TorchFunctionMode):
                 self.driver.pause()  # resumes once every instance waits or is done
             else:
                 self.flush()
-        with torch.enable_grad():
+        with torch._C.DisableTorchFunction(), torch.enable_grad():  # the mode is on: pass it by
             return self.store.value(lazy._vid)
 
     def materialize(self, result: Any) -> Any:
