@@ -221,7 +221,7 @@ class Pair(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.q, self.k = nn.Linear(4, 3), nn.Linear(4, 3)
+        self.q, self.k = nn.Linear(4, 3), nn.Linear(4, 3)  # dim 4: the call of length 4 too
 
     def forward(self, h: torch.Tensor, *, keys: torch.Tensor) -> torch.Tensor:
         if h.shape[0] != keys.shape[0]:
@@ -234,3 +234,48 @@ def test_a_call_with_a_sequence_by_keyword_is_cached() -> None:
     fn = lambda x: model(torch.as_tensor(x), keys=torch.as_tensor(x).flip(-1))  # noqa: E731
     stats = _check(model, fn, _sequences(seed=5))
     assert _nodes(stats, "Pair") == len(LENGTHS) - 2
+
+
+class MessagePassing(nn.Module):
+    """Rounds of ``h = relu(u(h) + A @ m(h))`` on one graph: its adjacency ``[L, L]`` is an
+    input of the call, read by the product only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(8, 5)  # 8: no call's x [L, 8] is square too
+        self.u, self.m = nn.Linear(5, 5), nn.Linear(5, 5)
+
+    def forward(self, x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.embed(x))
+        for _ in range(2):
+            h = torch.relu(self.u(h) + a @ self.m(h)) + (a @ h[:, 0]).unsqueeze(-1)
+        return h.sum(0)
+
+
+@pytest.mark.parametrize("scheduler", ["agenda", "depth"])
+def test_a_module_with_an_adjacency_input_is_cached(scheduler: Scheduler) -> None:
+    model = MessagePassing().double()
+    gen = torch.Generator().manual_seed(6)
+    graphs = [
+        (x, (torch.rand(len(x), len(x), dtype=torch.float64, generator=gen) > 0.5).double())
+        for x in _sequences(dim=8, seed=6, lengths=[*LENGTHS, 3, 3])
+    ]
+    fn = lambda g: model(torch.as_tensor(g[0]), torch.as_tensor(g[1]))  # noqa: E731
+    stats = _check(model, fn, graphs, scheduler)
+    assert _nodes(stats, "MessagePassing") == len(graphs) - 2
+
+
+class Degrees(MessagePassing):
+    """Also reads the adjacency's row sums: an op on [L, L] other than the product."""
+
+    def forward(self, x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        return super().forward(x, a) * a.sum(1).mean()
+
+
+def test_other_ops_on_the_adjacency_are_not_cached() -> None:
+    model = Degrees().double()
+    graphs = [(x, torch.ones(len(x), len(x), dtype=torch.float64)) for x in _sequences(dim=8)]
+    fn = lambda g: model(torch.as_tensor(g[0]), torch.as_tensor(g[1]))  # noqa: E731
+    stats = _check(model, fn, graphs)
+    assert _nodes(stats, "Degrees") == 0
+    assert any(m.startswith("Degrees: ") for m in stats.module_misses)

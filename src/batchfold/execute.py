@@ -88,7 +88,9 @@ class Executor:
         One slice (rows in order) or gather per step output, then one permutation.
         """
         parts, order = [], []
-        for group, tensor, _, rows in self._by_output(ids):
+        for group, tensor, offsets, rows in self._by_output(ids):
+            if offsets is not None:  # rows of different lengths: no one stacked tensor
+                raise ValueError("Executor.rows reads values of one shape; these are packed")
             order.append(group)
             if rows[-1] - rows[0] == len(rows) - 1 and np.all(np.diff(rows) == 1):
                 parts.append(tensor[int(rows[0]) : int(rows[-1]) + 1])

@@ -36,7 +36,7 @@ class Traced(Protocol):
 
     guards: list[Guard]
     length: int | None
-    ragged: set[int]
+    ragged: dict[int, int]
 
     def refuse(self, reason: str) -> None:
         """Mark the call as not cacheable."""
@@ -107,8 +107,11 @@ for _name in _USES.split():
     setattr(Length, _name, _other(_name))
 
 
-def traced_size(size: torch.Size, length: Any, trace: Traced) -> torch.Size:
-    """The size of a ragged value in a traced call, its leading dim a :class:`Length`."""
+def traced_size(size: torch.Size, length: Any, trace: Traced, flag: int) -> torch.Size:
+    """The size of a ragged value in a traced call, its leading dim a :class:`Length` (both
+    dims for an ``[L, L]`` input: ``flag`` 2)."""
+    if flag == 2:
+        return torch.Size((Length(length, trace), Length(length, trace)))
     return torch.Size((Length(length, trace), *size[1:]))
 
 

@@ -61,23 +61,24 @@ class Trace:
         inputs: list[int],
         start: int,
         length: int | None = None,
-        ragged_in: tuple[bool, ...] = (),
+        flags: tuple[int, ...] = (),
     ) -> None:
         self.inputs, self.start = inputs, start  # start: the first value id of the call
         self.ops: list[tuple[Signature, tuple[int, ...], int, Any]] = []
         self.reason: str | None = None
         # a call on ragged inputs: their leading dim (see lengths.py), the guards on it, and
-        # the value ids of ragged values, the inputs' and those ragged rules made from them
+        # the ragged values, the inputs' and those ragged rules made from them: value id ->
+        # 1 (rows of the call's length) or 2 (an [L, L] input)
         self.length = length
         self.guards: list[Guard] = []
-        self.ragged = {v for v, r in zip(inputs, ragged_in, strict=False) if r}
+        self.ragged = {v: f for v, f in zip(inputs, flags, strict=False) if f}
 
     def add(self, sig: Signature, inputs: list[int], first: int) -> None:
         """Note a node the call recorded (an op on lazy inputs)."""
         self.ops.append((sig, tuple(inputs), first, None))
         ragged = self.ragged
         if ragged and sig.family is not None and any(v in ragged for v in inputs):
-            ragged.update(first + o for o, r in enumerate(sig.family.ragged_out) if r)
+            ragged.update((first + o, 1) for o, r in enumerate(sig.family.ragged_out) if r)
 
     def refuse(self, reason: str) -> None:
         """Mark the call as not cacheable (the first reason wins)."""
@@ -202,7 +203,7 @@ class ModuleCache:
         """``module(*args, **kwargs)`` inside ``batch_map``: a macro node, or traced op by op."""
         rec = self.rec
         if rec.ragged and _takes_sequences(args, kwargs):  # keyed without the length
-            found = ragged_key(rec, module, args, kwargs)
+            found = ragged_key(self, module, args, kwargs)
             if found is None:
                 self.misses[f"{type(module).__name__}: {SEQUENCES}"] += 1
                 return _ORIGINAL_CALL(module, *args, **kwargs)
@@ -240,13 +241,13 @@ class ModuleCache:
         kwargs: dict[str, Any],
         inputs: list[int],
         length: int | None = None,
-        ragged_in: tuple[bool, ...] = (),
+        flags: tuple[int, ...] = (),
     ) -> tuple[Trace, Any]:
         """Call the module, tracing the nodes it records."""
         rec = self.rec
         graph = rec.graph
         start = (graph.node_base + graph.pending) << OUT_BITS
-        trace = rec.trace = Trace(inputs, start, length, ragged_in)
+        trace = rec.trace = Trace(inputs, start, length, flags)
         try:
             result = _ORIGINAL_CALL(module, *args, **kwargs)
         finally:

@@ -41,15 +41,17 @@ GUARDED = "a comparison on the length of its ragged inputs answers otherwise: re
 # ragged calls confirmed in this process: key -> fingerprint (see call_ragged)
 _CONFIRMED: dict[Any, tuple[tuple[Any, ...], list[Any]]] = {}
 _MAX_CONFIRMED = 4096
-# ragged rules whose inputs are not all packed rows of the node's length
+# ragged rules whose inputs are not all packed rows of the node's length ("blockdiag" is
+# replayed when its [L, L] input is the call's)
 _NOT_REPLAYED = frozenset(["blockdiag", "index_rows", "index_add", "source"])
 
 
 def ragged_key(
-    rec: Recorder, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[Any, list[int], tuple[TensorMeta, ...], tuple[bool, ...], int] | None:
+    cache: ModuleCache, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Any, list[int], tuple[TensorMeta, ...], tuple[bool, ...], int, int] | None:
     """The cache key of a call with the ragged inputs' length left out, its input value ids
-    and metas, which inputs are ragged (those of the highest rank) and their length.
+    and metas, which inputs are ragged (those of the highest rank), their length, and which
+    input is ``[L, L]`` (an adjacency; -1 if none).
 
     ``None`` when the inputs of the highest rank differ in length, or the length is 0.
     """
@@ -62,17 +64,40 @@ def ragged_key(
     if found is None or found[1] == 0:
         return None
     ragged_in, length = found
+    squares = [i for i, m in enumerate(metas) if m.shape == (length, length)]
+    square = squares[0] if len(squares) == 1 else -1  # several: rows (their key holds L)
     inputs: list[int] = []
+    rec = cache.rec
     parts = rec.args_key(args, inputs)
-    if all(type(p) is TensorMeta for p in parts) and len(parts) == len(metas):
-        parts = tuple(ragged_meta(m) if r else m for m, r in zip(parts, ragged_in, strict=True))
-        key: Any = (RAGGED, id(module), module.training, grad_mode(), parts)
+    head = (RAGGED, id(module), module.training, grad_mode())
+    kparts = rec.kwargs_key(kwargs, inputs) if kwargs else None
+    key = _key(head, parts, kparts, metas, positional, ragged_in, square)
+    if square >= 0:  # [L, d] with d == L, say: the call of rows, if that is cached
+        rows_key = _key(head, parts, kparts, metas, positional, ragged_in, -1)
+        rows = cache.entries.get(rows_key)
+        if rows is not None and rows.macro is not None:
+            return rows_key, inputs, tuple(metas), ragged_in, length, -1
+    return key, inputs, tuple(metas), ragged_in, length, square
+
+
+def _key(
+    head: tuple[Any, ...],
+    parts: tuple[Any, ...],
+    kparts: tuple[Any, ...] | None,
+    metas: list[TensorMeta],
+    positional: int,
+    ragged_in: tuple[bool, ...],
+    square: int,
+) -> Any:
+    if square < 0 and len(parts) == len(metas) and all(type(p) is TensorMeta for p in parts):
+        flat = tuple(ragged_meta(m) if r else m for m, r in zip(parts, ragged_in, strict=True))
+        key: Any = (*head, flat)
     else:
-        key = family_key((RAGGED, id(module), module.training, grad_mode(), parts), ragged_in)
-    if kwargs:
-        kparts = family_key(rec.kwargs_key(kwargs, inputs), ragged_in[positional:])
-        key = (*key, kparts)
-    return key, inputs, tuple(metas), ragged_in, length
+        key = family_key((*head, parts), ragged_in, square)
+    if kparts is not None:
+        kwargs_square = square - positional if square >= positional else -1
+        key = (*key, family_key(kparts, ragged_in[positional:], kwargs_square))
+    return key
 
 
 def call_ragged(
@@ -85,6 +110,7 @@ def call_ragged(
     metas: tuple[TensorMeta, ...],
     ragged_in: tuple[bool, ...],
     length: int,
+    square: int,
 ) -> Any:
     """``module(*args, **kwargs)`` on ragged inputs (``found`` by :func:`ragged_key`): one
     node of its length once confirmed, else traced or recorded op by op."""
@@ -99,20 +125,21 @@ def call_ragged(
     if entry.reason is not None:
         cache.misses[f"{name}: {entry.reason}"] += 1
         return ORIGINAL_CALL(module, *args, **kwargs)
-    trace, result = cache.trace_call(module, args, kwargs, inputs, length, ragged_in)
+    flags = tuple(2 if i == square else int(r) for i, r in enumerate(ragged_in))
+    trace, result = cache.trace_call(module, args, kwargs, inputs, length, flags)
     found: Any = trace.finish(result, cache.rec.store.fallbacks)
     if not isinstance(found, str):
-        found = ragged_template(found, ragged_in, length)
+        found = ragged_template(found, flags, length)
     if isinstance(found, str):
         entry.reason = found
     elif entry.ragged is None:
         entry.ragged, entry.length, entry.guards = found, length, trace.guards
         if _same_print(_CONFIRMED.get(key), found.fingerprint(trace.guards)):
-            entry.macro = RaggedMacro(cache.rec.graph, module, found, (args, kwargs), ragged_in)
+            entry.macro = RaggedMacro(cache.rec.graph, module, found, (args, kwargs), flags)
     elif not found.same_as(entry.ragged) or trace.guards != entry.guards:
         entry.reason = "records different ops for inputs of different lengths"
     elif length != entry.length:  # confirmed by two lengths
-        entry.macro = RaggedMacro(cache.rec.graph, module, found, (args, kwargs), ragged_in)
+        entry.macro = RaggedMacro(cache.rec.graph, module, found, (args, kwargs), flags)
         if len(_CONFIRMED) >= _MAX_CONFIRMED:
             _CONFIRMED.clear()
         _CONFIRMED[key] = found.fingerprint(trace.guards)
@@ -209,38 +236,42 @@ def _same_payload(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
-def ragged_template(
-    found: Template, ragged_in: tuple[bool, ...], length: int
-) -> RaggedTemplate | str:
-    """``found`` as a template for every length, or why it cannot be one."""
-    flags: list[tuple[bool, ...]] = []
+def ragged_template(found: Template, flags: tuple[int, ...], length: int) -> RaggedTemplate | str:
+    """``found`` as a template for every length, or why it cannot be one.
 
-    def ragged(ref: tuple[int, ...]) -> bool:
-        return ragged_in[ref[1]] if ref[0] == 0 else flags[ref[1]][ref[2]]
+    ``flags`` says of each call input: 0 fixed, 1 rows of the call's length, 2 ``[L, L]``.
+    """
+    made: list[tuple[int, ...]] = []
+
+    def flag(ref: tuple[int, ...]) -> int:
+        return flags[ref[1]] if ref[0] == 0 else made[ref[1]][ref[2]]
 
     op_ragged = []
     for sig, refs, _ in found.ops:
-        reads = tuple(ragged(r) for r in refs)
+        reads = tuple(flag(r) for r in refs)
         if not any(reads):
             op_ragged.append(False)
-            flags.append((False,) * len(sig.out_metas))
+            made.append((0,) * len(sig.out_metas))
             continue
         family = sig.family
         if family is None:
             return f"{sig.name} (at {sig.site}) has no ragged rule for its inputs"
-        if (
-            family.kind in _NOT_REPLAYED
-            or family.secondary
-            or family.ragged_in != reads
-            or sig.length != length
-        ):
+        if family.kind == "blockdiag":
+            fits = reads == (2, 1) and family.square == 0
+        else:
+            fits = family.kind not in _NOT_REPLAYED and not family.secondary and 2 not in reads
+            fits = fits and family.ragged_in == tuple(r == 1 for r in reads)
+        if not fits or sig.length != length:
             return (
                 f"{sig.name} (at {sig.site}) reads values of other lengths than the call's "
                 f"ragged inputs ({family.kind})"
             )
         op_ragged.append(True)
-        flags.append(family.ragged_out)
-    return RaggedTemplate(found, op_ragged, tuple(ragged(r) for r in found.outputs))
+        made.append(tuple(int(r) for r in family.ragged_out))
+    outs = tuple(flag(r) for r in found.outputs)
+    if 2 in outs:
+        return "returns its [L, L] input"
+    return RaggedTemplate(found, op_ragged, tuple(o == 1 for o in outs))
 
 
 class RaggedMacro:
@@ -252,7 +283,7 @@ class RaggedMacro:
         module: nn.Module,
         found: RaggedTemplate,
         call: tuple[tuple[Any, ...], dict[str, Any]],
-        ragged_in: tuple[bool, ...],
+        flags: tuple[int, ...],
     ) -> None:
         self.graph, self.found, self.module = graph, found, module
         self.name = type(module).__name__
@@ -260,7 +291,8 @@ class RaggedMacro:
         self.site = user_site()
         self.shared = tuple(pair for op, _, _ in found.ops for pair in op.shared)
         self.outs = tuple(found.ops[j][0].out_metas[o] for _, j, o in found.outputs)
-        self.ragged_in = ragged_in
+        self.ragged_in = tuple(f > 0 for f in flags)
+        self.square = flags.index(2) if 2 in flags else -1
         self.members: dict[int, Signature] = {}
         self.family: Family | None = None
 
@@ -297,6 +329,7 @@ class RaggedMacro:
                 self.ragged_in,
                 found.ragged_out,
                 sig.id,
+                square=self.square,
                 outs=out_metas,
                 replay=found.replay_packed,
             )
@@ -310,8 +343,8 @@ class RaggedMacro:
         """A step whose nodes all have one length: ``[n, L, ...]`` in and out."""
         length = sig.length
         packed = [
-            x.reshape(n * length, *x.shape[2:]) if r else x
-            for x, r in zip(inputs, self.ragged_in, strict=True)
+            x.reshape(-1) if i == self.square else x.reshape(n * length, *x.shape[2:]) if r else x
+            for i, (x, r) in enumerate(zip(inputs, self.ragged_in, strict=True))
         ]
         outs = self.found.replay_packed(packed, np.full(n, length, dtype=np.int64))
         outs = tuple(

@@ -44,7 +44,7 @@ class Lazy:
         """The shape of one instance's value."""
         trace = self._rec.trace
         if trace is not None and self._vid in trace.ragged:  # traced, its length left out
-            return traced_size(self._meta.size, trace.length, trace)
+            return traced_size(self._meta.size, trace.length, trace, trace.ragged[self._vid])
         return self._meta.size
 
     @property
