@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from torch.nn.modules import module as _TORCH_MODULE
 
 from ..execute import Fallbacks, run_op, sources_batch
 from ..graph import OUT_BITS, Signature
@@ -27,7 +28,15 @@ from ..ops import OpRule
 from .context import active_recorder
 from .inference import template
 from .lengths import Guard
-from .ragged_macros import ORIGINAL_CALL, RaggedMacro, RaggedTemplate, call_ragged, ragged_key
+from .ragged_macros import (
+    ORIGINAL_CALL,
+    RaggedMacro,
+    RaggedTemplate,
+    call_ragged,
+    own_hooks,
+    ragged_key,
+    reads_fit,
+)
 from .semantics import VIEW_NAMES, grad_mode
 from .sites import user_site
 from .tensor import Lazy, build, flatten_lazies, has_lazy
@@ -77,8 +86,10 @@ class Trace:
         """Note a node the call recorded (an op on lazy inputs)."""
         self.ops.append((sig, tuple(inputs), first, None))
         ragged = self.ragged
-        if ragged and sig.family is not None and any(v in ragged for v in inputs):
-            ragged.update((first + o, 1) for o, r in enumerate(sig.family.ragged_out) if r)
+        if ragged and sig.family is not None and self.length is not None:
+            reads = tuple(ragged.get(v, 0) for v in inputs)
+            if any(reads) and reads_fit(sig, reads, self.length):
+                ragged.update((first + o, 1) for o, r in enumerate(sig.family.ragged_out) if r)
 
     def refuse(self, reason: str) -> None:
         """Mark the call as not cacheable (the first reason wins)."""
@@ -207,19 +218,28 @@ class ModuleCache:
             if found is None:
                 self.misses[f"{type(module).__name__}: {SEQUENCES}"] += 1
                 return _ORIGINAL_CALL(module, *args, **kwargs)
-            return call_ragged(self, module, args, kwargs, *found)
+            seen = self.entries.get(found[0])
+            if seen is None or seen.macro is not None:
+                return call_ragged(self, module, args, kwargs, *found)
+            if seen.reason is not None and any(len(m.shape) >= 2 for m in found[2]):
+                return call_ragged(self, module, args, kwargs, *found)  # op by op: ragged ops
+            if seen.reason is None and seen.length != found[4]:
+                return call_ragged(self, module, args, kwargs, *found)
+            # the length its trace had and no other yet (a fixed size, maybe), or word ids
+            # the ragged trace refused: keyed by shape, as for any other call
         inputs: list[int] = []
         key = (id(module), module.training, grad_mode(), rec.args_key(args, inputs))
         if kwargs:
             key = (*key, rec.kwargs_key(kwargs, inputs))
         entry = self.entry_for(key, module)
-        if entry.confirmed:
+        if entry.confirmed and not own_hooks(module):
             self.hits += 1
             if entry.sig is None:  # hands back some of its arguments, records nothing
                 return _arguments(entry, args, kwargs)
             return self._add(entry, inputs)
-        if entry.reason is not None:
-            self.misses[f"{type(module).__name__}: {entry.reason}"] += 1
+        if entry.reason is not None or entry.confirmed:
+            reason = entry.reason or "it has hooks"
+            self.misses[f"{type(module).__name__}: {reason}"] += 1
             return _ORIGINAL_CALL(module, *args, **kwargs)
         return self._trace(entry, module, args, kwargs, inputs)
 
@@ -373,9 +393,22 @@ def _has_hooks(module: nn.Module) -> bool:
     )
 
 
+def _global_hooks() -> bool:
+    """Whether hooks for every module are registered (``register_module_forward_hook``)."""
+    m = _TORCH_MODULE
+    return bool(
+        m._global_forward_hooks
+        or m._global_forward_pre_hooks
+        or m._global_backward_hooks
+        or m._global_backward_pre_hooks
+    )
+
+
 def _module_call(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
     rec = active_recorder()
     if rec is None or rec.modules is None or rec.trace is not None or not has_lazy(args, kwargs):
+        return _ORIGINAL_CALL(module, *args, **kwargs)
+    if _global_hooks():  # they run on every call: op by op
         return _ORIGINAL_CALL(module, *args, **kwargs)
     return rec.modules.call(module, args, kwargs)
 

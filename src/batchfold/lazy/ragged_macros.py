@@ -41,9 +41,19 @@ GUARDED = "a comparison on the length of its ragged inputs answers otherwise: re
 # ragged calls confirmed in this process: key -> fingerprint (see call_ragged)
 _CONFIRMED: dict[Any, tuple[tuple[Any, ...], list[Any]]] = {}
 _MAX_CONFIRMED = 4096
-# ragged rules whose inputs are not all packed rows of the node's length ("blockdiag" is
-# replayed when its [L, L] input is the call's)
-_NOT_REPLAYED = frozenset(["blockdiag", "index_rows", "index_add", "source"])
+# ragged rules whose inputs are not all packed rows of the node's length
+_NOT_REPLAYED = frozenset(["index_rows", "index_add"])
+
+
+def own_hooks(module: nn.Module) -> bool:
+    """Whether ``module`` itself has hooks (a call's cache entry checks its submodules once,
+    when it is made)."""
+    return bool(
+        module._forward_hooks
+        or module._forward_pre_hooks
+        or module._backward_hooks
+        or module._backward_pre_hooks
+    )
 
 
 def ragged_key(
@@ -112,18 +122,19 @@ def call_ragged(
     length: int,
     square: int,
 ) -> Any:
-    """``module(*args, **kwargs)`` on ragged inputs (``found`` by :func:`ragged_key`): one
-    node of its length once confirmed, else traced or recorded op by op."""
+    """``module(*args, **kwargs)`` on ragged inputs (the rest of the arguments as
+    :func:`ragged_key` gave them): one node of its length once confirmed, else traced or
+    recorded op by op."""
     entry = cache.entry_for(key, module)
     name = type(module).__name__
-    if entry.macro is not None:
+    if entry.macro is not None and not own_hooks(module):
         if guards_hold(entry.guards, length):
             cache.hits += 1
             return entry.macro.node(cache.rec, inputs, metas, length)
         cache.misses[f"{name}: {GUARDED}"] += 1
         return ORIGINAL_CALL(module, *args, **kwargs)
-    if entry.reason is not None:
-        cache.misses[f"{name}: {entry.reason}"] += 1
+    if entry.reason is not None or entry.macro is not None:
+        cache.misses[f"{name}: {entry.reason or 'it has hooks'}"] += 1
         return ORIGINAL_CALL(module, *args, **kwargs)
     flags = tuple(2 if i == square else int(r) for i, r in enumerate(ragged_in))
     trace, result = cache.trace_call(module, args, kwargs, inputs, length, flags)
@@ -236,6 +247,20 @@ def _same_payload(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
+def reads_fit(sig: Signature, reads: tuple[int, ...], length: int) -> bool:
+    """Whether an op of a ragged family, reading values flagged ``reads`` (0 fixed, 1 rows of
+    the call's length, 2 the call's ``[L, L]`` input), runs on packed rows at that length:
+    its ragged rule's inputs are exactly those rows (or the adjacency product's)."""
+    family = sig.family
+    if sig.length != length:
+        return False
+    if family.kind == "blockdiag":
+        return reads == (2, 1) and family.square == 0
+    if family.kind in _NOT_REPLAYED or family.secondary or 2 in reads:
+        return False
+    return family.ragged_in == tuple(r == 1 for r in reads)
+
+
 def ragged_template(found: Template, flags: tuple[int, ...], length: int) -> RaggedTemplate | str:
     """``found`` as a template for every length, or why it cannot be one.
 
@@ -256,12 +281,7 @@ def ragged_template(found: Template, flags: tuple[int, ...], length: int) -> Rag
         family = sig.family
         if family is None:
             return f"{sig.name} (at {sig.site}) has no ragged rule for its inputs"
-        if family.kind == "blockdiag":
-            fits = reads == (2, 1) and family.square == 0
-        else:
-            fits = family.kind not in _NOT_REPLAYED and not family.secondary and 2 not in reads
-            fits = fits and family.ragged_in == tuple(r == 1 for r in reads)
-        if not fits or sig.length != length:
+        if not reads_fit(sig, reads, length):
             return (
                 f"{sig.name} (at {sig.site}) reads values of other lengths than the call's "
                 f"ragged inputs ({family.kind})"

@@ -32,6 +32,7 @@ from ..schedule import Scheduler, schedule
 from ..stats import Stats
 from .function import BatchedFunction
 from .inference import check_inputs, infer_outputs, lazy_metas, shared_tensors, template
+from .lengths import plain_lengths
 from .macros import ModuleCache, Trace
 from .semantics import VIEW_NAMES, in_place_form, is_random, refuse_unrecordable
 from .sites import func_name, user_site, version
@@ -98,6 +99,8 @@ class Recorder(TorchFunctionMode):
         """
         if self.closed:
             raise LazyValueError(LAZY_AFTER_RUN.format(what=f"{func_name(func)}()"))
+        if self.trace is not None and self.trace.length is not None:  # a ragged call's trace
+            args, kwargs = plain_lengths(args), plain_lengths(kwargs)
         if kwargs:
             if not args and (first := next((k for k in _LEADING if k in kwargs), None)):
                 kwargs = dict(kwargs)

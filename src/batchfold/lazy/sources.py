@@ -103,6 +103,8 @@ class SourceMaker:
             lazy, number, at = b, a, 0
         else:
             return None
+        if type(number) is int and not -(2**63) <= number < 2**63:
+            return None  # eager refuses it (too big for a scalar): so does its signature
         meta = lazy._meta
         if meta.dtype not in _OPERAND_DTYPES:
             return None

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch.utils._pytree import tree_leaves
 
 from ..graph import TensorMeta
-from .lengths import Length, traced_size
+from .lengths import TracedShape, traced_size
 
 if TYPE_CHECKING:
     from .recorder import Recorder
@@ -41,10 +41,11 @@ class Lazy:
 
     @property
     def shape(self) -> torch.Size:
-        """The shape of one instance's value."""
+        """The shape of one instance's value (see :mod:`.lengths` while a call is traced)."""
         trace = self._rec.trace
         if trace is not None and self._vid in trace.ragged:  # traced, its length left out
-            return traced_size(self._meta.size, trace.length, trace, trace.ragged[self._vid])
+            size = traced_size(self._meta.size, trace.length or 0, trace, trace.ragged[self._vid])
+            return cast(torch.Size, size)  # a tuple: torch.Size holds ints only
         return self._meta.size
 
     @property
@@ -82,10 +83,8 @@ class Lazy:
 
     def numel(self) -> int:
         """Number of elements of one instance's value."""
-        first = self.shape[0] if self._meta.size else None
-        if isinstance(first, Length):
-            first.used("numel()")
-        return self._meta.size.numel()
+        shape = self.shape
+        return shape.numel() if type(shape) is TracedShape else self._meta.size.numel()
 
     def __len__(self) -> int:
         if not self.shape:
