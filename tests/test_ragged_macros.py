@@ -7,6 +7,7 @@ schedulers; calls whose ops depend on the length are recorded op by op and still
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 import torch
@@ -300,7 +301,7 @@ class ReadsLength(nn.Module):
             for layer in self.layers[:n]:
                 h = torch.tanh(layer(h))
         elif how == "float compare":
-            h = self.lin(h) if 4.5 < n else h * 2
+            h = self.lin(h) if n > 4.5 else h * 2
         elif how == "numel":
             h = self.lin(h) if h.shape.numel() > 20 else h * 2
         elif how == "range":
@@ -329,9 +330,12 @@ def test_hooks_registered_anywhere_or_midway_run_as_eagerly() -> None:
         handle.remove()
     assert len(calls) == len(LENGTHS)
 
+    def double(module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
+        return output * 2
+
     def fn(item: tuple[int, torch.Tensor]) -> torch.Tensor:
         if item[0] == 4:  # from the fifth instance on, outputs are doubled
-            model.register_forward_hook(lambda m, i, o: o * 2)
+            model.register_forward_hook(double)
         return model(torch.as_tensor(item[1]))
 
     got = bf.batch_map(fn, list(enumerate(_sequences())))

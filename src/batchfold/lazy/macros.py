@@ -22,7 +22,6 @@ import torch
 from torch import nn
 from torch.nn.modules import module as _TORCH_MODULE
 
-from ..execute import Fallbacks, run_op, sources_batch
 from ..graph import OUT_BITS, Signature
 from ..ops import OpRule
 from .context import active_recorder
@@ -35,17 +34,16 @@ from .ragged_macros import (
     call_ragged,
     own_hooks,
     ragged_key,
-    reads_fit,
 )
-from .semantics import VIEW_NAMES, grad_mode
+from .semantics import grad_mode
 from .sites import user_site
-from .tensor import Lazy, build, flatten_lazies, has_lazy
+from .tensor import Lazy, build, has_lazy
+from .traces import Template, Trace
 
 if TYPE_CHECKING:
     from .recorder import Recorder
 
 Tensor = torch.Tensor
-_ORIGINAL_CALL = ORIGINAL_CALL
 _INSTALLED = [0]
 _LOCK = threading.Lock()
 _OFF = "_batchfold_no_cache"
@@ -58,115 +56,6 @@ def no_cache(module: nn.Module) -> nn.Module:
     """
     setattr(module, _OFF, True)
     return module
-
-
-class Trace:
-    """The nodes one module call adds while it is traced, and why it cannot be cached."""
-
-    __slots__ = ("inputs", "start", "ops", "reason", "length", "guards", "ragged")
-
-    def __init__(
-        self,
-        inputs: list[int],
-        start: int,
-        length: int | None = None,
-        flags: tuple[int, ...] = (),
-    ) -> None:
-        self.inputs, self.start = inputs, start  # start: the first value id of the call
-        self.ops: list[tuple[Signature, tuple[int, ...], int, Any]] = []
-        self.reason: str | None = None
-        # a call on ragged inputs: their leading dim (see lengths.py), the guards on it, and
-        # the ragged values, the inputs' and those ragged rules made from them: value id ->
-        # 1 (rows of the call's length) or 2 (an [L, L] input)
-        self.length = length
-        self.guards: list[Guard] = []
-        self.ragged = {v: f for v, f in zip(inputs, flags, strict=False) if f}
-
-    def add(self, sig: Signature, inputs: list[int], first: int) -> None:
-        """Note a node the call recorded (an op on lazy inputs)."""
-        self.ops.append((sig, tuple(inputs), first, None))
-        ragged = self.ragged
-        if ragged and sig.family is not None and self.length is not None:
-            reads = tuple(ragged.get(v, 0) for v in inputs)
-            if any(reads) and reads_fit(sig, reads, self.length):
-                ragged.update((first + o, 1) for o, r in enumerate(sig.family.ragged_out) if r)
-
-    def refuse(self, reason: str) -> None:
-        """Mark the call as not cacheable (the first reason wins)."""
-        if self.reason is None:
-            self.reason = reason
-
-    def finish(self, result: Any, fallbacks: Fallbacks) -> Template | str:
-        """The template of the traced call, or the reason it cannot be cached."""
-        if self.reason is not None:
-            return self.reason
-        outs: list[Lazy] = []
-        structure = flatten_lazies(result, outs)
-        if structure is False:
-            return f"returns {type(result).__name__}, not lazy tensors (or tuples of them)"
-        where: dict[int, tuple[int, ...]] = {
-            v: (0, k) for k, v in reversed(list(enumerate(self.inputs)))
-        }
-        ops = []
-        for j, (sig, ins, first, payload) in enumerate(self.ops):
-            if any(v not in where for v in ins):
-                return "reads a lazy value that is not among its arguments"
-            ops.append((sig, tuple(where[v] for v in ins), payload))
-            for o in range(len(sig.out_metas)):
-                where[first + o] = (1, j, o)
-        refs = []
-        if not ops and all(where.get(out._vid, (1,))[0] == 0 for out in outs):
-            # nothing recorded, arguments handed back (nn.Identity): the same objects again
-            return Template([], [where[out._vid] for out in outs], structure, fallbacks)
-        for out in outs:
-            ref = where.get(out._vid)
-            if ref is None or ref[0] == 0:
-                return "returns one of its arguments or a value made outside it"
-            if ops[ref[1]][0].func.__name__ in VIEW_NAMES and ops[ref[1]][1][:1] == ((0, 0),):
-                return "returns a view of an argument"
-            refs.append(ref)
-        return Template(ops, refs, structure, fallbacks)
-
-
-class Template:
-    """A module call's ops, replayed on a whole batch as one step (see the module docstring)."""
-
-    def __init__(
-        self,
-        ops: list[tuple[Signature, tuple[Any, ...], Any]],
-        outputs: list[tuple[Any, ...]],
-        structure: Any,
-        fallbacks: Fallbacks,
-    ) -> None:
-        self.ops, self.outputs, self.structure = ops, outputs, structure
-        self.fallbacks = fallbacks
-
-    def same_as(self, other: Template) -> bool:
-        """Whether two traces of one key recorded the same ops, reading the same values."""
-        if len(self.ops) != len(other.ops) or self.outputs != other.outputs:
-            return False
-        for (sig, refs, payload), (sig2, refs2, payload2) in zip(self.ops, other.ops, strict=True):
-            if sig is not sig2 or refs != refs2 or not _same_payload(payload, payload2):
-                return False
-        return True
-
-    def replay(self, sig: Signature, inputs: list[Tensor], n: int) -> Any:
-        """Run the template's ops on ``inputs`` (``[n, ...]`` each): the batched outputs."""
-        values: list[tuple[Tensor, ...]] = []
-        for op, refs, payload in self.ops:
-            if not op.in_metas:  # a constant the call made (torch.zeros(...) inside forward)
-                values.append((sources_batch(op, [payload] * n),))
-                continue
-            args = [inputs[r[1]] if r[0] == 0 else values[r[1]][r[2]] for r in refs]
-            values.append(run_op(op, args, n, self.fallbacks))
-        outs = [values[j][o] for _, j, o in self.outputs]
-        return outs[0] if self.structure is None else tuple(outs)
-
-
-def _same_payload(a: Any, b: Any) -> bool:
-    if isinstance(a, Tensor) or isinstance(b, Tensor):
-        return isinstance(a, Tensor) and isinstance(b, Tensor) and torch.equal(a, b)
-    return type(a) is type(b) and a == b
 
 
 class _Entry:
@@ -217,7 +106,7 @@ class ModuleCache:
             found = ragged_key(self, module, args, kwargs)
             if found is None:
                 self.misses[f"{type(module).__name__}: {SEQUENCES}"] += 1
-                return _ORIGINAL_CALL(module, *args, **kwargs)
+                return ORIGINAL_CALL(module, *args, **kwargs)
             seen = self.entries.get(found[0])
             if seen is None or seen.macro is not None:
                 return call_ragged(self, module, args, kwargs, *found)
@@ -240,7 +129,7 @@ class ModuleCache:
         if entry.reason is not None or entry.confirmed:
             reason = entry.reason or "it has hooks"
             self.misses[f"{type(module).__name__}: {reason}"] += 1
-            return _ORIGINAL_CALL(module, *args, **kwargs)
+            return ORIGINAL_CALL(module, *args, **kwargs)
         return self._trace(entry, module, args, kwargs, inputs)
 
     def entry_for(self, key: Any, module: nn.Module) -> _Entry:
@@ -269,7 +158,7 @@ class ModuleCache:
         start = (graph.node_base + graph.pending) << OUT_BITS
         trace = rec.trace = Trace(inputs, start, length, flags)
         try:
-            result = _ORIGINAL_CALL(module, *args, **kwargs)
+            result = ORIGINAL_CALL(module, *args, **kwargs)
         finally:
             if rec.trace is trace:  # a read inside the call has already stopped it
                 rec.trace = None
@@ -407,9 +296,9 @@ def _global_hooks() -> bool:
 def _module_call(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
     rec = active_recorder()
     if rec is None or rec.modules is None or rec.trace is not None or not has_lazy(args, kwargs):
-        return _ORIGINAL_CALL(module, *args, **kwargs)
+        return ORIGINAL_CALL(module, *args, **kwargs)
     if _global_hooks():  # they run on every call: op by op
-        return _ORIGINAL_CALL(module, *args, **kwargs)
+        return ORIGINAL_CALL(module, *args, **kwargs)
     return rec.modules.call(module, args, kwargs)
 
 
@@ -425,4 +314,4 @@ def uninstall() -> None:
     with _LOCK:
         _INSTALLED[0] -= 1
         if _INSTALLED[0] == 0:
-            nn.Module.__call__ = _ORIGINAL_CALL  # type: ignore[method-assign]
+            nn.Module.__call__ = ORIGINAL_CALL  # type: ignore[method-assign]

@@ -31,8 +31,9 @@ from .sites import user_site
 from .tensor import Lazy, build
 
 if TYPE_CHECKING:
-    from .macros import ModuleCache, Template
+    from .macros import ModuleCache
     from .recorder import Recorder
+    from .traces import Template
 
 Tensor = torch.Tensor
 ORIGINAL_CALL = nn.Module.__call__
@@ -179,7 +180,7 @@ class RaggedTemplate:
             self.ops, other.ops, self.op_ragged, strict=True
         ):
             same_op = sig.family is sig2.family if ragged else sig is sig2
-            if not same_op or refs != refs2 or not _same_payload(payload, payload2):
+            if not same_op or refs != refs2 or not same_payload(payload, payload2):
                 return False
         return True
 
@@ -238,10 +239,11 @@ def _plain(template: Any) -> Any:
 def _same_print(a: tuple[Any, list[Any]] | None, b: tuple[Any, list[Any]]) -> bool:
     if a is None or a[0] != b[0] or len(a[1]) != len(b[1]):
         return False
-    return all(_same_payload(x, y) for x, y in zip(a[1], b[1], strict=True))
+    return all(same_payload(x, y) for x, y in zip(a[1], b[1], strict=True))
 
 
-def _same_payload(a: Any, b: Any) -> bool:
+def same_payload(a: Any, b: Any) -> bool:
+    """Whether two constants a traced call made are equal (tensors by value)."""
     if isinstance(a, Tensor) or isinstance(b, Tensor):
         return isinstance(a, Tensor) and isinstance(b, Tensor) and torch.equal(a, b)
     return type(a) is type(b) and a == b

@@ -33,12 +33,13 @@ from ..stats import Stats
 from .function import BatchedFunction
 from .inference import check_inputs, infer_outputs, lazy_metas, shared_tensors, template
 from .lengths import plain_lengths
-from .macros import ModuleCache, Trace
+from .macros import ModuleCache
 from .semantics import VIEW_NAMES, in_place_form, is_random, refuse_unrecordable
 from .sites import func_name, user_site, version
 from .sources import FACTORIES, SourceMaker
 from .sync import Driver
 from .tensor import Lazy, has_lazy
+from .traces import Trace
 
 Tensor = torch.Tensor
 _grad_enabled = torch.is_grad_enabled

@@ -1,0 +1,125 @@
+"""The trace of one module call inside ``batch_map``, and the template it becomes.
+
+While a module call is traced (see :mod:`.macros`), the recorder notes each node the call
+adds in its :class:`Trace`; :meth:`Trace.finish` turns the trace into a :class:`Template`,
+the call's ops with each input given by where it comes from (an argument of the call, or an
+output of an earlier op), or says why the call cannot be cached.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..execute import Fallbacks, run_op, sources_batch
+from ..graph import Signature
+from .lengths import Guard
+from .ragged_macros import reads_fit, same_payload
+from .semantics import VIEW_NAMES
+from .tensor import Lazy, flatten_lazies
+
+Tensor = torch.Tensor
+
+
+class Trace:
+    """The nodes one module call adds while it is traced, and why it cannot be cached."""
+
+    __slots__ = ("inputs", "start", "ops", "reason", "length", "guards", "ragged")
+
+    def __init__(
+        self,
+        inputs: list[int],
+        start: int,
+        length: int | None = None,
+        flags: tuple[int, ...] = (),
+    ) -> None:
+        self.inputs, self.start = inputs, start  # start: the first value id of the call
+        self.ops: list[tuple[Signature, tuple[int, ...], int, Any]] = []
+        self.reason: str | None = None
+        # a call on ragged inputs: their leading dim (see lengths.py), the guards on it, and
+        # the ragged values, the inputs' and those ragged rules made from them: value id ->
+        # 1 (rows of the call's length) or 2 (an [L, L] input)
+        self.length = length
+        self.guards: list[Guard] = []
+        self.ragged = {v: f for v, f in zip(inputs, flags, strict=False) if f}
+
+    def add(self, sig: Signature, inputs: list[int], first: int) -> None:
+        """Note a node the call recorded (an op on lazy inputs)."""
+        self.ops.append((sig, tuple(inputs), first, None))
+        ragged = self.ragged
+        if ragged and sig.family is not None and self.length is not None:
+            reads = tuple(ragged.get(v, 0) for v in inputs)
+            if any(reads) and reads_fit(sig, reads, self.length):
+                ragged.update((first + o, 1) for o, r in enumerate(sig.family.ragged_out) if r)
+
+    def refuse(self, reason: str) -> None:
+        """Mark the call as not cacheable (the first reason wins)."""
+        if self.reason is None:
+            self.reason = reason
+
+    def finish(self, result: Any, fallbacks: Fallbacks) -> Template | str:
+        """The template of the traced call, or the reason it cannot be cached."""
+        if self.reason is not None:
+            return self.reason
+        outs: list[Lazy] = []
+        structure = flatten_lazies(result, outs)
+        if structure is False:
+            return f"returns {type(result).__name__}, not lazy tensors (or tuples of them)"
+        where: dict[int, tuple[int, ...]] = {
+            v: (0, k) for k, v in reversed(list(enumerate(self.inputs)))
+        }
+        ops = []
+        for j, (sig, ins, first, payload) in enumerate(self.ops):
+            if any(v not in where for v in ins):
+                return "reads a lazy value that is not among its arguments"
+            ops.append((sig, tuple(where[v] for v in ins), payload))
+            for o in range(len(sig.out_metas)):
+                where[first + o] = (1, j, o)
+        refs = []
+        if not ops and all(where.get(out._vid, (1,))[0] == 0 for out in outs):
+            # nothing recorded, arguments handed back (nn.Identity): the same objects again
+            return Template([], [where[out._vid] for out in outs], structure, fallbacks)
+        for out in outs:
+            ref = where.get(out._vid)
+            if ref is None or ref[0] == 0:
+                return "returns one of its arguments or a value made outside it"
+            if ops[ref[1]][0].func.__name__ in VIEW_NAMES and ops[ref[1]][1][:1] == ((0, 0),):
+                return "returns a view of an argument"
+            refs.append(ref)
+        return Template(ops, refs, structure, fallbacks)
+
+
+class Template:
+    """A module call's ops, replayed on a whole batch as one step (see the module docstring)."""
+
+    def __init__(
+        self,
+        ops: list[tuple[Signature, tuple[Any, ...], Any]],
+        outputs: list[tuple[Any, ...]],
+        structure: Any,
+        fallbacks: Fallbacks,
+    ) -> None:
+        self.ops, self.outputs, self.structure = ops, outputs, structure
+        self.fallbacks = fallbacks
+
+    def same_as(self, other: Template) -> bool:
+        """Whether two traces of one key recorded the same ops, reading the same values."""
+        if len(self.ops) != len(other.ops) or self.outputs != other.outputs:
+            return False
+        for (sig, refs, payload), (sig2, refs2, payload2) in zip(self.ops, other.ops, strict=True):
+            if sig is not sig2 or refs != refs2 or not same_payload(payload, payload2):
+                return False
+        return True
+
+    def replay(self, sig: Signature, inputs: list[Tensor], n: int) -> Any:
+        """Run the template's ops on ``inputs`` (``[n, ...]`` each): the batched outputs."""
+        values: list[tuple[Tensor, ...]] = []
+        for op, refs, payload in self.ops:
+            if not op.in_metas:  # a constant the call made (torch.zeros(...) inside forward)
+                values.append((sources_batch(op, [payload] * n),))
+                continue
+            args = [inputs[r[1]] if r[0] == 0 else values[r[1]][r[2]] for r in refs]
+            values.append(run_op(op, args, n, self.fallbacks))
+        outs = [values[j][o] for _, j, o in self.outputs]
+        return outs[0] if self.structure is None else tuple(outs)
