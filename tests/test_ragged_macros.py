@@ -349,3 +349,51 @@ def test_a_number_too_big_for_a_scalar_is_refused_as_eagerly() -> None:
         _ = xs[0] * 2**70
     with pytest.raises(type(eager.value)):
         bf.batch_map(lambda ix: torch.as_tensor(ix[1]) * [3, 5, 2**70][ix[0]], list(enumerate(xs)))
+
+
+class RandomSequenceModel(nn.Module):
+    """A random chain of ops with ragged rules on ``h [L, 4]``, drawn from ``seed``."""
+
+    STEPS = ("linear", "tanh", "softmax rows", "softmax dims", "layer_norm", "scale", "mix")
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        rng = random.Random(seed)
+        self.steps = [rng.choice(self.STEPS) for _ in range(rng.randint(2, 6))]
+        self.lins = nn.ModuleList(nn.Linear(4, 4) for _ in self.steps)
+        self.norm = nn.LayerNorm(4)
+        self.scale = nn.Parameter(torch.randn(4))
+
+    def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = h
+        for step, lin in zip(self.steps, self.lins, strict=True):
+            if step == "linear":
+                x = lin(x)
+            elif step == "tanh":
+                x = torch.tanh(x) + h
+            elif step == "softmax rows":
+                x = torch.softmax(x, 0) * x.shape[1]
+            elif step == "softmax dims":
+                x = torch.log_softmax(x, -1)
+            elif step == "layer_norm":
+                x = self.norm(x)
+            elif step == "scale":
+                x = x * self.scale
+            else:  # a weighted sum of the rows, broadcast back
+                x = x + torch.softmax(x[:, 0], 0) @ x
+        return x, x.amax(0) + x.mean(0)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_modules_on_sequences_equal_eager(seed: int) -> None:
+    model = RandomSequenceModel(seed).double()
+    rng = random.Random(seed)
+    lengths = [rng.randint(1, 9) for _ in range(12)]
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        rows, pooled = model(torch.as_tensor(x))
+        return rows.sum(0) * pooled
+
+    stats = _check(model, fn, _sequences(seed=seed, lengths=lengths), ("agenda", "depth")[seed % 2])
+    if len(set(lengths)) > 1:
+        assert _nodes(stats, "RandomSequenceModel") > 0
