@@ -47,9 +47,9 @@ def test_numbers_with_other_dtypes_stay_constants_of_their_op(dtype: torch.dtype
     def fn(item: tuple[torch.Tensor, float]) -> torch.Tensor:
         return torch.as_tensor(item[0]) * item[1] - item[1]
 
-    items = [(torch.arange(3).to(dtype), t) for t in TARGETS]
+    items = [(torch.arange(1, 200).to(dtype), t) for t in TARGETS]
     got = bf.batch_map(fn, items)
     for g, item in zip(got, items, strict=True):
         e = fn(item)
         assert g.dtype == e.dtype
-        torch.testing.assert_close(g, e)
+        assert torch.equal(g, e)  # float16 with the number rounded to float16 differs here

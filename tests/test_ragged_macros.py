@@ -397,3 +397,29 @@ def test_random_modules_on_sequences_equal_eager(seed: int) -> None:
     stats = _check(model, fn, _sequences(seed=seed, lengths=lengths), ("agenda", "depth")[seed % 2])
     if len(set(lengths)) > 1:
         assert _nodes(stats, "RandomSequenceModel") > 0
+
+
+class InPlaceNoGrad(nn.Module):
+    """In-place ops and a no_grad block inside a call on sequences."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin, self.gate = nn.Linear(4, 3), nn.Linear(4, 3)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        x = self.lin(h)
+        x += 1
+        x.relu_()
+        with torch.no_grad():
+            scale = torch.sigmoid(self.gate(h)).mean(0)  # no gradient into gate
+        return (x * scale).sum(0)
+
+
+@pytest.mark.parametrize("scheduler", ["agenda", "depth"])
+def test_in_place_ops_and_no_grad_inside_a_cached_call(scheduler: Scheduler) -> None:
+    model = InPlaceNoGrad().double()
+    stats = _check(model, lambda x: model(torch.as_tensor(x)), _sequences(), scheduler)
+    assert _nodes(stats, "InPlaceNoGrad") == len(LENGTHS) - 2
+    got = bf.batch_map(lambda x: model(torch.as_tensor(x)), _sequences())
+    grads = torch.autograd.grad(_weighted(got), [model.gate.weight], allow_unused=True)
+    assert grads[0] is None  # as eagerly: the gate ran without grad

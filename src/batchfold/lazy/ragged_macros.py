@@ -29,11 +29,11 @@ from .lengths import Guard, guards_hold
 from .semantics import grad_mode
 from .sites import user_site
 from .tensor import Lazy, build
+from .traces import Template, reads_fit, same_ops, same_payload
 
 if TYPE_CHECKING:
     from .macros import ModuleCache
     from .recorder import Recorder
-    from .traces import Template
 
 Tensor = torch.Tensor
 ORIGINAL_CALL = nn.Module.__call__
@@ -42,8 +42,6 @@ GUARDED = "a comparison on the length of its ragged inputs answers otherwise: re
 # ragged calls confirmed in this process: key -> fingerprint (see call_ragged)
 _CONFIRMED: dict[Any, tuple[tuple[Any, ...], list[Any]]] = {}
 _MAX_CONFIRMED = 4096
-# ragged rules whose inputs are not all packed rows of the node's length
-_NOT_REPLAYED = frozenset(["index_rows", "index_add"])
 
 
 def own_hooks(module: nn.Module) -> bool:
@@ -172,17 +170,7 @@ class RaggedTemplate:
 
     def same_as(self, other: RaggedTemplate) -> bool:
         """Whether two traces (of any lengths) recorded the same ops on the same values."""
-        if len(self.ops) != len(other.ops) or self.outputs != other.outputs:
-            return False
-        if self.op_ragged != other.op_ragged:
-            return False
-        for (sig, refs, payload), (sig2, refs2, payload2), ragged in zip(
-            self.ops, other.ops, self.op_ragged, strict=True
-        ):
-            same_op = sig.family is sig2.family if ragged else sig is sig2
-            if not same_op or refs != refs2 or not same_payload(payload, payload2):
-                return False
-        return True
+        return self.op_ragged == other.op_ragged and same_ops(self, other, self.op_ragged)
 
     def fingerprint(self, guards: list[Guard]) -> tuple[tuple[Any, ...], list[Any]]:
         """The ops, as one recorder's signatures would be compared by another's: the call's
@@ -240,27 +228,6 @@ def _same_print(a: tuple[Any, list[Any]] | None, b: tuple[Any, list[Any]]) -> bo
     if a is None or a[0] != b[0] or len(a[1]) != len(b[1]):
         return False
     return all(same_payload(x, y) for x, y in zip(a[1], b[1], strict=True))
-
-
-def same_payload(a: Any, b: Any) -> bool:
-    """Whether two constants a traced call made are equal (tensors by value)."""
-    if isinstance(a, Tensor) or isinstance(b, Tensor):
-        return isinstance(a, Tensor) and isinstance(b, Tensor) and torch.equal(a, b)
-    return type(a) is type(b) and a == b
-
-
-def reads_fit(sig: Signature, reads: tuple[int, ...], length: int) -> bool:
-    """Whether an op of a ragged family, reading values flagged ``reads`` (0 fixed, 1 rows of
-    the call's length, 2 the call's ``[L, L]`` input), runs on packed rows at that length:
-    its ragged rule's inputs are exactly those rows (or the adjacency product's)."""
-    family = sig.family
-    if sig.length != length:
-        return False
-    if family.kind == "blockdiag":
-        return reads == (2, 1) and family.square == 0
-    if family.kind in _NOT_REPLAYED or family.secondary or 2 in reads:
-        return False
-    return family.ragged_in == tuple(r == 1 for r in reads)
 
 
 def ragged_template(found: Template, flags: tuple[int, ...], length: int) -> RaggedTemplate | str:

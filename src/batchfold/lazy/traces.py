@@ -15,7 +15,6 @@ import torch
 from ..execute import Fallbacks, run_op, sources_batch
 from ..graph import Signature
 from .lengths import Guard
-from .ragged_macros import reads_fit, same_payload
 from .semantics import VIEW_NAMES
 from .tensor import Lazy, flatten_lazies
 
@@ -105,12 +104,7 @@ class Template:
 
     def same_as(self, other: Template) -> bool:
         """Whether two traces of one key recorded the same ops, reading the same values."""
-        if len(self.ops) != len(other.ops) or self.outputs != other.outputs:
-            return False
-        for (sig, refs, payload), (sig2, refs2, payload2) in zip(self.ops, other.ops, strict=True):
-            if sig is not sig2 or refs != refs2 or not same_payload(payload, payload2):
-                return False
-        return True
+        return same_ops(self, other)
 
     def replay(self, sig: Signature, inputs: list[Tensor], n: int) -> Any:
         """Run the template's ops on ``inputs`` (``[n, ...]`` each): the batched outputs."""
@@ -123,3 +117,42 @@ class Template:
             values.append(run_op(op, args, n, self.fallbacks))
         outs = [values[j][o] for _, j, o in self.outputs]
         return outs[0] if self.structure is None else tuple(outs)
+
+
+def same_ops(a: Any, b: Any, ragged: list[bool] | None = None) -> bool:
+    """Whether two templates recorded the same ops on the same values and outputs; an op that
+    runs on packed rows (``ragged``) counts as the same for any length of its family."""
+    if len(a.ops) != len(b.ops) or a.outputs != b.outputs:
+        return False
+    for j, ((sig, refs, payload), (sig2, refs2, payload2)) in enumerate(
+        zip(a.ops, b.ops, strict=True)
+    ):
+        same = sig.family is sig2.family if ragged and ragged[j] else sig is sig2
+        if not same or refs != refs2 or not same_payload(payload, payload2):
+            return False
+    return True
+
+
+# ragged rules whose inputs are not all packed rows of the node's length
+_NOT_REPLAYED = frozenset(["index_rows", "index_add"])
+
+
+def same_payload(a: Any, b: Any) -> bool:
+    """Whether two constants a traced call made are equal (tensors by value)."""
+    if isinstance(a, Tensor) or isinstance(b, Tensor):
+        return isinstance(a, Tensor) and isinstance(b, Tensor) and torch.equal(a, b)
+    return type(a) is type(b) and a == b
+
+
+def reads_fit(sig: Signature, reads: tuple[int, ...], length: int) -> bool:
+    """Whether an op of a ragged family, reading values flagged ``reads`` (0 fixed, 1 rows of
+    the call's length, 2 the call's ``[L, L]`` input), runs on packed rows at that length:
+    its ragged rule's inputs are exactly those rows (or the adjacency product's)."""
+    family = sig.family
+    if sig.length != length:
+        return False
+    if family.kind == "blockdiag":
+        return reads == (2, 1) and family.square == 0
+    if family.kind in _NOT_REPLAYED or family.secondary or 2 in reads:
+        return False
+    return family.ragged_in == tuple(r == 1 for r in reads)
