@@ -369,8 +369,8 @@ def write_weights(model: TreeLSTMClassifier, path: Path) -> Path:
     cell = model.cell
     arrays = {
         "embedding": model.embedding.weight,
-        "leaf_W": cell.leaf_gates.weight,  # rows i, o, u: the order of the peers' layout
-        "leaf_b": cell.leaf_gates.bias,
+        "leaf_W": cell.leaf.gates.weight,  # rows i, o, u: the order of the peers' layout
+        "leaf_b": cell.leaf.gates.bias,
         "internal_U": cell.node_gates.weight,  # rows i, f_l, f_r, o, u
         "internal_b": cell.node_gates.bias,
         "out_W": model.output.weight,

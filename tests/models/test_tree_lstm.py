@@ -52,7 +52,7 @@ def test_lstm_cell_equations():
     h2, c2 = cell(h_l, c_l, h_r, c_r)
     torch.testing.assert_close((h2, c2), (h, c))
     x = torch.randn(3, dtype=torch.float64)
-    i, o, u = (cell.leaf_gates.weight @ x + cell.leaf_gates.bias).view(3, 2)
+    i, o, u = (cell.leaf.gates.weight @ x + cell.leaf.gates.bias).view(3, 2)
     c = torch.sigmoid(i) * torch.tanh(u)
     torch.testing.assert_close(cell.leaf(x), (torch.sigmoid(o) * torch.tanh(c), c))
 
@@ -102,7 +102,7 @@ def test_per_tree_loss_is_node_cross_entropy():
 @pytest.mark.parametrize(
     ("kind", "cell_keys"),
     [
-        (TreeLSTMClassifier, ["leaf_gates", "node_gates"]),
+        (TreeLSTMClassifier, ["leaf.gates", "node_gates"]),
         (TreeRNNClassifier, ["leaf_layer", "node_layer"]),
     ],
 )
@@ -119,6 +119,17 @@ def test_classifiers_keep_their_checkpoint_keys_and_dropout(kind, cell_keys):
     dropped = model.embed(torch.tensor([1, 2, 3]))
     assert bool((dropped == 0).any())  # dropout applies to word vectors in training
     assert isinstance(kind(10, dropout=0.0).dropout, torch.nn.Identity)
+
+
+def test_tree_lstm_loads_checkpoints_that_name_the_leaf_layer_leaf_gates():
+    torch.manual_seed(0)
+    model = TreeLSTMClassifier(10, emb_dim=4, hidden=3)
+    old = {k.replace("leaf.gates", "leaf_gates"): v for k, v in model.state_dict().items()}
+    assert "cell.leaf_gates.weight" in old
+    loaded = TreeLSTMClassifier(10, emb_dim=4, hidden=3)
+    loaded.load_state_dict(old)
+    for name, value in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], value), name
 
 
 def test_tree_rnn_classifier_is_importable_from_the_sst_task():

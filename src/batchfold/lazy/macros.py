@@ -47,6 +47,9 @@ Tensor = torch.Tensor
 _INSTALLED = [0]
 _LOCK = threading.Lock()
 _OFF = "_batchfold_no_cache"
+MISSED = object()  # ModuleCache.hit found no confirmed entry
+_grad_enabled = torch.is_grad_enabled
+_inference_mode = torch.is_inference_mode_enabled
 
 
 def no_cache(module: nn.Module) -> nn.Module:
@@ -98,6 +101,30 @@ class ModuleCache:
         self.hits = 0
         self.traced = 0
         self.misses: Counter[str] = Counter()
+
+    def hit(self, module: nn.Module, args: tuple[Any, ...]) -> Any:
+        """The common call, on its own fast path: lazy positional arguments only, none a
+        sequence, and a confirmed entry. Its result, or :data:`MISSED` (then :meth:`call`)."""
+        rec = self.rec
+        metas, inputs = [], []
+        for a in args:
+            if type(a) is not Lazy or a._rec is not rec:
+                return MISSED
+            meta = a._meta
+            rank = len(meta.shape)
+            if rec.ragged and (rank >= 2 or (rank == 1 and meta.dtype in _INDEX_DTYPES)):
+                return MISSED
+            metas.append(meta)
+            inputs.append(a._vid)
+        mode = 2 if _inference_mode() else 1 if _grad_enabled() else 0  # grad_mode(), inline
+        # the key :meth:`call` makes: ``args_key`` gives a lazy argument's meta
+        entry = self.entries.get((id(module), module.training, mode, tuple(metas)))
+        if entry is None or not entry.confirmed or own_hooks(module):
+            return MISSED
+        self.hits += 1
+        if entry.sig is None:
+            return _arguments(entry, args, {})
+        return self._add(entry, inputs)
 
     def call(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """``module(*args, **kwargs)`` inside ``batch_map``: a macro node, or traced op by op."""
@@ -188,7 +215,9 @@ class ModuleCache:
             (op, refs, _), *more = found.ops
             if not more and op.in_metas and all(r[0] == 0 for r in refs):
                 # one op: later calls are nodes of that op, batched with the traced ones
-                entry.sig, entry.order = op, [r[1] for r in refs]
+                order = [r[1] for r in refs]
+                entry.sig = op
+                entry.order = None if order == list(range(len(inputs))) else order
                 entry.outs = [o for _, _, o in found.outputs]
             else:
                 entry.sig = self._signature(name, module, args, kwargs, found)
@@ -230,9 +259,13 @@ class ModuleCache:
             inputs = [inputs[i] for i in entry.order]
         first = rec.graph.add(sig, inputs, rec.instance)
         metas = sig.out_metas
-        if template.structure is None:
+        structure = template.structure
+        if structure is None:
             return Lazy(rec, first + entry.outs[0], metas[entry.outs[0]])
-        return build(template.structure, [Lazy(rec, first + o, metas[o]) for o in entry.outs])
+        outs = [Lazy(rec, first + o, metas[o]) for o in entry.outs]
+        if structure == (tuple, (None,) * len(outs)):  # a flat tuple, ``(h, c)``
+            return tuple(outs)
+        return build(structure, outs)
 
 
 def _arguments(entry: _Entry, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -295,9 +328,13 @@ def _global_hooks() -> bool:
 
 def _module_call(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
     rec = active_recorder()
-    if rec is None or rec.modules is None or rec.trace is not None or not has_lazy(args, kwargs):
-        return ORIGINAL_CALL(module, *args, **kwargs)
-    if _global_hooks():  # they run on every call: op by op
+    if rec is None or rec.modules is None or rec.trace is not None or _global_hooks():
+        return ORIGINAL_CALL(module, *args, **kwargs)  # global hooks run on every call: op by op
+    if args and not kwargs:
+        found = rec.modules.hit(module, args)
+        if found is not MISSED:
+            return found
+    if not has_lazy(args, kwargs):
         return ORIGINAL_CALL(module, *args, **kwargs)
     return rec.modules.call(module, args, kwargs)
 

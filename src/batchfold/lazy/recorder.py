@@ -496,10 +496,23 @@ class Recorder(TorchFunctionMode):
         returning many values stays cheap in the backward pass too.
         """
         lazies: list[Lazy] = []
-        tree_map(lambda x: lazies.append(x) if type(x) is Lazy else None, result)
+        _map_lazies(lambda x: lazies.append(x), result)
         if not lazies:
             return result
         with torch.enable_grad():  # as in flush: a value keeps the history it was made with
             values = self.store.values([x._vid for x in lazies])
         tensors = dict(zip(map(id, lazies), values, strict=True))
-        return tree_map(lambda x: tensors[id(x)] if type(x) is Lazy else x, result)
+        return _map_lazies(lambda x: tensors[id(x)], result)
+
+
+def _map_lazies(fn: Any, obj: Any) -> Any:
+    """``obj`` with ``fn`` applied to each lazy value in it: plain lists, tuples and dicts
+    walked here (the common results, fast), other containers by ``tree_map``."""
+    kind = type(obj)
+    if kind is Lazy:
+        return fn(obj)
+    if kind is list or kind is tuple:
+        return kind([_map_lazies(fn, x) for x in obj])
+    if kind is dict:
+        return {k: _map_lazies(fn, v) for k, v in obj.items()}
+    return tree_map(lambda x: fn(x) if type(x) is Lazy else x, obj)

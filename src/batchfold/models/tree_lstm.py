@@ -26,12 +26,51 @@ __all__ = [
     "FoldBenchmarkCell",
     "TreeClassifier",
     "TreeLSTMClassifier",
+    "TreeLSTMLeaf",
     "TreeRNNCell",
     "TreeRNNClassifier",
     "per_tree_loss",
     "tree_node_logits",
     "tree_node_losses",
 ]
+
+
+class TreeLSTMLeaf(nn.Module):
+    """The leaf of :class:`BinaryTreeLSTMCell`: ``(h, c)`` from an input vector.
+
+    ``i, o, u = split(W x + b)``; ``c = sigmoid(i) * tanh(u)``; ``h = sigmoid(o) * tanh(c)``,
+    with ``candidate_dropout`` on ``tanh(u)``.
+
+    Arguments:
+        in_dim: the size of the input vector.
+        hidden: the size of ``h`` and ``c``.
+        candidate_dropout: the module applied to the candidate (the cell's).
+
+    Example:
+        >>> h, c = TreeLSTMLeaf(4, 3, nn.Identity())(torch.zeros(7, 4))
+        >>> tuple(h.shape), tuple(c.shape)
+        ((7, 3), (7, 3))
+    """
+
+    def __init__(self, in_dim: int, hidden: int, candidate_dropout: nn.Module) -> None:
+        super().__init__()
+        self.hidden = hidden
+        self.candidate_dropout = candidate_dropout
+        self.gates = nn.Linear(in_dim, 3 * hidden)  # -> i, o, u
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """The state of a leaf (or a batch of leaves).
+
+        Arguments:
+            x: input, ``[..., in_dim]``.
+
+        Returns:
+            ``(h, c)``, each ``[..., hidden]``.
+        """
+        sig, u = self.gates(x).split([2 * self.hidden, self.hidden], dim=-1)
+        i, o = torch.sigmoid(sig).chunk(2, dim=-1)
+        c = i * self.candidate_dropout(torch.tanh(u))
+        return o * torch.tanh(c), c
 
 
 class BinaryTreeLSTMCell(nn.Module):
@@ -66,22 +105,19 @@ class BinaryTreeLSTMCell(nn.Module):
         self.candidate_dropout: nn.Module = (
             nn.Dropout(recurrent_dropout) if recurrent_dropout > 0 else nn.Identity()
         )
-        self.leaf_gates = nn.Linear(in_dim, 3 * hidden)  # -> i, o, u
+        # a module, not a method: inside batch_map a leaf is then one cached call (one node)
+        self.leaf = TreeLSTMLeaf(in_dim, hidden, self.candidate_dropout)
         self.node_gates = nn.Linear(2 * hidden, 5 * hidden)  # -> i, f_l, f_r, o, u
 
-    def leaf(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """The state of a leaf (or a batch of leaves) from its input vector.
-
-        Arguments:
-            x: input, ``[..., in_dim]``.
-
-        Returns:
-            ``(h, c)``, each ``[..., hidden]``.
-        """
-        sig, u = self.leaf_gates(x).split([2 * self.hidden, self.hidden], dim=-1)
-        i, o = torch.sigmoid(sig).chunk(2, dim=-1)
-        c = i * self.candidate_dropout(torch.tanh(u))
-        return o * torch.tanh(c), c
+    def _load_from_state_dict(
+        self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any
+    ) -> None:
+        # checkpoints made before the leaf was a module name its layer ``leaf_gates``
+        for part in ("weight", "bias"):
+            old = f"{prefix}leaf_gates.{part}"
+            if old in state_dict:
+                state_dict[f"{prefix}leaf.gates.{part}"] = state_dict.pop(old)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, h_l: Tensor, c_l: Tensor, h_r: Tensor, c_r: Tensor) -> tuple[Tensor, Tensor]:
         """The state of an internal node (or a batch of them) from its two children's states.
