@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import batchfold as bf
+from batchfold.lazy.kept import forget
 from batchfold.models.attention import AttentionClassifier
 from batchfold.schedule import Scheduler
 
@@ -209,16 +210,48 @@ class Switch(nn.Module):
         return (out * 2 if self.double_it else out).sum(0)
 
 
-def test_a_later_batch_map_confirms_after_one_trace_of_the_same_ops() -> None:
+def test_a_later_batch_map_reuses_the_confirmed_trace_while_the_module_is_unchanged() -> None:
+    forget()
     model = Switch().double()
     fn = lambda x: model(torch.as_tensor(x))  # noqa: E731
     xs = _sequences(seed=4)
     first = _check(model, fn, xs)
     again = _check(model, fn, xs)
-    assert first.module_calls_traced == 2 and again.module_calls_traced == 1
-    model.double_it = True  # other ops: traced twice again, and eager's values
+    assert first.module_calls_traced == 2 and again.module_calls_traced == 0
+    assert again.steps < first.steps  # no call op by op: one step of the macro, one source
+    model.double_it = True  # a plain attribute changed: traced twice again, eager's values
     changed = _check(model, fn, xs)
     assert changed.module_calls_traced == 2
+    with torch.no_grad():
+        model.lin.weight.mul_(-2.0)  # in place (an optimizer step): reused, the new values
+    assert _check(model, fn, xs).module_calls_traced == 0
+    model.lin.weight = nn.Parameter(torch.randn(2, 4, dtype=torch.float64))  # a new tensor
+    assert _check(model, fn, xs).module_calls_traced == 2
+    model.lin.register_forward_hook(lambda *_: None)  # hooks: op by op, as eager
+    assert _check(model, fn, xs).module_calls_cached == 0
+
+
+class Transposed(nn.Module):
+    """Reads ``W.t()``, made once from a parameter: a tensor a kept trace must not hold."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(3, 4))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return (h @ self.weight.t()).sum(0)
+
+
+def test_a_trace_reading_a_tensor_made_from_a_parameter_is_traced_in_each_batch_map() -> None:
+    forget()
+    model = Transposed().double()
+    fn = lambda x: model(torch.as_tensor(x))  # noqa: E731
+    xs = _sequences(seed=6)
+    _check(model, fn, xs)
+    with torch.no_grad():
+        model.weight.mul_(3.0)  # W.t() made in the last batch_map would be stale
+    again = _check(model, fn, xs)
+    assert again.module_calls_traced >= 1
 
 
 class Pair(nn.Module):

@@ -14,6 +14,7 @@ rule.
 
 from __future__ import annotations
 
+import copy
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,9 +26,10 @@ from ..graph import Graph, Signature, Slot, TensorMeta
 from ..ops import OpRule
 from ..ragged import Family, family_key, generic_pattern, ragged_meta
 from .inference import lazy_metas, template
+from .kept import keep, kept
 from .lengths import Guard, guards_hold
 from .semantics import grad_mode
-from .sites import user_site
+from .sites import user_site, version
 from .tensor import Lazy, build
 from .traces import Template, reads_fit, same_ops, same_payload
 
@@ -136,6 +138,14 @@ def call_ragged(
         cache.misses[f"{name}: {entry.reason or 'it has hooks'}"] += 1
         return ORIGINAL_CALL(module, *args, **kwargs)
     flags = tuple(2 if i == square else int(r) for i, r in enumerate(ragged_in))
+    if entry.ragged is None and (earlier := kept(key, module)) is not None:
+        found, guards, traced_length = earlier  # confirmed by an earlier batch_map
+        if guards_hold(guards, length):
+            entry.ragged, entry.length, entry.guards = found, traced_length, guards
+            found = found.for_store(cache.rec.store.fallbacks)
+            entry.macro = RaggedMacro(cache.rec.graph, module, found, (args, kwargs), flags)
+            cache.hits += 1
+            return entry.macro.node(cache.rec, inputs, metas, length)
     trace, result = cache.trace_call(module, args, kwargs, inputs, length, flags)
     found: Any = trace.finish(result, cache.rec.store.fallbacks)
     if not isinstance(found, str):
@@ -146,10 +156,12 @@ def call_ragged(
         entry.ragged, entry.length, entry.guards = found, length, trace.guards
         if _same_print(_CONFIRMED.get(key), found.fingerprint(trace.guards)):
             entry.macro = RaggedMacro(cache.rec.graph, module, found, (args, kwargs), flags)
+            keep(key, module, entry.macro.shared, (found, trace.guards, length))
     elif not found.same_as(entry.ragged) or trace.guards != entry.guards:
         entry.reason = "records different ops for inputs of different lengths"
     elif length != entry.length:  # confirmed by two lengths
         entry.macro = RaggedMacro(cache.rec.graph, module, found, (args, kwargs), flags)
+        keep(key, module, entry.macro.shared, (found, trace.guards, length))
         if len(_CONFIRMED) >= _MAX_CONFIRMED:
             _CONFIRMED.clear()
         _CONFIRMED[key] = found.fingerprint(trace.guards)
@@ -167,6 +179,12 @@ class RaggedTemplate:
         self.ops, self.outputs, self.structure = found.ops, found.outputs, found.structure
         self.fallbacks: Fallbacks = found.fallbacks
         self.op_ragged, self.ragged_out = op_ragged, ragged_out
+
+    def for_store(self, fallbacks: Fallbacks) -> RaggedTemplate:
+        """This template counting its fallback ops in another recorder's ``fallbacks``."""
+        made = copy.copy(self)
+        made.fallbacks = fallbacks
+        return made
 
     def same_as(self, other: RaggedTemplate) -> bool:
         """Whether two traces (of any lengths) recorded the same ops on the same values."""
@@ -278,7 +296,8 @@ class RaggedMacro:
         self.name = type(module).__name__
         self.call_template = (template(call[0], []), template(call[1], []))
         self.site = user_site()
-        self.shared = tuple(pair for op, _, _ in found.ops for pair in op.shared)
+        # versions as of now: a template kept from an earlier batch_map saw older ones
+        self.shared = tuple((t, version(t)) for op, _, _ in found.ops for t, _ in op.shared)
         self.outs = tuple(found.ops[j][0].out_metas[o] for _, j, o in found.outputs)
         self.ragged_in = tuple(f > 0 for f in flags)
         self.square = flags.index(2) if 2 in flags else -1

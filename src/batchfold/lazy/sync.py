@@ -33,6 +33,7 @@ class Driver:
         self.flush, self.set_instance = flush, set_instance
         self.main: Any = None  # the driver's greenlet while it runs, else None
         self.syncs = 0  # flushes made because instances waited on values
+        self.current = 0  # the instance running now, or the last one to run
 
     def pause(self) -> None:
         """Called by a read inside an instance: wait until the driver has run the graph."""
@@ -46,25 +47,58 @@ class Driver:
         return self.main is not None and getcurrent() is not self.main
 
     def run(self, fn: Callable[[Any], Any], instances: Iterable[Any]) -> list[Any]:
-        """``[fn(x) for x in instances]``, recorded with sync points; lazy results."""
+        """``[fn(x) for x in instances]``, recorded with sync points; lazy results.
+
+        One greenlet runs instance after instance until one waits for a value; the next
+        greenlet goes on with the next instance (a greenlet per instance would cost a switch
+        each, where most code never waits).
+        """
         self.main = getcurrent()
         results: list[Any] = []
         paused: dict[int, Any] = {}  # instance index -> its greenlet, waiting for a value
+        todo = enumerate(instances)
+        grad = torch.is_grad_enabled()
         try:
-            for index, instance in enumerate(instances):
-                results.append(None)
-                self._step(index, greenlet(fn), (instance,), results, paused)
+            while True:
+                worker = greenlet(self._work)
+                try:
+                    out = worker.switch(fn, todo, results)
+                finally:
+                    torch.set_grad_enabled(grad)
+                if worker.dead:
+                    break
+                assert out is _PAUSED, "an instance switched greenlets outside batchfold"
+                paused[self.current] = worker
             while paused:
                 self.flush()
                 self.syncs += 1
                 for index, task in list(paused.items()):
-                    self._step(index, task, (), results, paused)
+                    self._resume(index, task, paused)
         except BaseException as error:
             self._end(paused, error)
             raise
         finally:
             self.main = None
         return results
+
+    def _work(
+        self, fn: Callable[[Any], Any], todo: Iterable[tuple[int, Any]], results: list[Any]
+    ) -> None:
+        """Run the instances left in ``todo`` in this greenlet, until one waits for a value
+        (then the driver starts another greenlet for the rest)."""
+        for index, instance in todo:
+            results.append(None)
+            self.current = index
+            self.set_instance(index)
+            grad = torch.is_grad_enabled()
+            try:
+                out = fn(instance)
+            except Exception as error:
+                _note_instance(error, index)
+                raise
+            finally:
+                torch.set_grad_enabled(grad)
+            results[index] = out
 
     def _end(self, paused: dict[int, Any], error: BaseException) -> None:
         """After an error, end the paused instances, each with a bounded number of tries.
@@ -94,30 +128,27 @@ class Driver:
             )
             setattr(error, "__notes__", notes)  # noqa: B010
 
-    def _step(
-        self,
-        index: int,
-        task: Any,
-        args: tuple[Any, ...],
-        results: list[Any],
-        paused: dict[int, Any],
-    ) -> None:
-        """Run one instance until it pauses at a read or returns."""
+    def _resume(self, index: int, task: Any, paused: dict[int, Any]) -> None:
+        """Run a waiting instance on until it waits again or returns (its greenlet stores the
+        result: see :meth:`_work`)."""
         grad = torch.is_grad_enabled()
+        self.current = index
         self.set_instance(index)
         try:
-            out = task.switch(*args)
-        except Exception as error:
-            paused.pop(index, None)
-            # what BaseException.add_note does on 3.11+ (which prints notes under the traceback)
-            notes = [*getattr(error, "__notes__", []), f"(raised by instance {index} of batch_map)"]
-            setattr(error, "__notes__", notes)  # noqa: B010
+            out = task.switch()
+        except Exception:
+            paused.pop(index, None)  # the note was added inside (see _work)
             raise
         finally:
             torch.set_grad_enabled(grad)
         if task.dead:
-            results[index] = out
             paused.pop(index, None)
         else:
             assert out is _PAUSED, "an instance switched greenlets outside batchfold"
             paused[index] = task
+
+
+def _note_instance(error: BaseException, index: int) -> None:
+    # what BaseException.add_note does on 3.11+ (which prints notes under the traceback)
+    notes = [*getattr(error, "__notes__", []), f"(raised by instance {index} of batch_map)"]
+    setattr(error, "__notes__", notes)  # noqa: B010
