@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import batchfold as bf
+from batchfold.lazy.kept import forget
 from reference import assert_matches_eager, flat_tensors
 
 SCHEDULERS = ["agenda", "depth"]
@@ -178,6 +179,28 @@ def test_weights_and_train_eval_changes_are_honoured() -> None:
     for out in outs[:3]:
         torch.testing.assert_close(out, head(torch.tensor(xs[0])))
     assert all((out == 0).any() for out in outs[3:])  # dropout ran in train mode
+
+
+def test_a_later_batch_map_reuses_a_confirmed_call_while_the_module_is_unchanged() -> None:
+    forget()
+    model = TreeModel()
+    trees = [((1, 2), 3), (4, (5, 6)), ((7, 8), (9, 10))]
+    first = assert_matches_eager(model, trees, model)  # type: ignore[arg-type]
+    again = assert_matches_eager(model, trees, model)  # type: ignore[arg-type]
+    # the cell (several ops) is not traced again; one-op calls are (a trace of one op is cheap)
+    assert first.module_calls_traced - again.module_calls_traced == 2
+    with torch.no_grad():
+        model.cell.mix.weight.mul_(-1.5)  # in place: still reused, with the new values
+    assert (
+        assert_matches_eager(model, trees, model).module_calls_traced == again.module_calls_traced
+    )  # type: ignore[arg-type]
+    model.cell.mix.weight = nn.Parameter(torch.randn(25, 10))  # another tensor: traced again
+    assert (
+        assert_matches_eager(model, trees, model).module_calls_traced == first.module_calls_traced
+    )  # type: ignore[arg-type]
+    model.cell.register_forward_pre_hook(lambda *_: None)  # hooks: op by op, run on each call
+    hooked = assert_matches_eager(model, trees, model)  # type: ignore[arg-type]
+    assert "Cell: it or a submodule has hooks" in hooked.module_misses
 
 
 def test_switching_caching_off() -> None:

@@ -260,7 +260,7 @@ class Graph:
         """Start a new segment: everything recorded so far has been run."""
         self.node_base += len(self.node_depth)
         self.node_depth = []
-        self.pending_of = [Pending() for _ in self.signatures]
+        self.pending_of = [Pending() if p.nodes else p for p in self.pending_of]
 
     def lint(self) -> None:
         """Check the pending segment's invariants; raise :class:`GraphError` on a broken graph.

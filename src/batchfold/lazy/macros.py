@@ -26,6 +26,7 @@ from ..graph import OUT_BITS, Signature
 from ..ops import OpRule
 from .context import active_recorder
 from .inference import template
+from .kept import keep, kept
 from .lengths import Guard
 from .ragged_macros import (
     ORIGINAL_CALL,
@@ -36,7 +37,7 @@ from .ragged_macros import (
     ragged_key,
 )
 from .semantics import grad_mode
-from .sites import user_site
+from .sites import user_site, version
 from .tensor import Lazy, build, has_lazy
 from .traces import Template, Trace
 
@@ -148,6 +149,12 @@ class ModuleCache:
         if kwargs:
             key = (*key, rec.kwargs_key(kwargs, inputs))
         entry = self.entry_for(key, module)
+        if entry.template is None and entry.reason is None:
+            earlier = kept(key, module)  # confirmed by an earlier batch_map
+            if earlier is not None:
+                entry.template, entry.confirmed = earlier.for_store(rec.store.fallbacks), True
+                entry.sig = self._signature(type(module).__name__, module, args, kwargs, earlier)
+                entry.outs = list(range(len(earlier.outputs)))
         if entry.confirmed and not own_hooks(module):
             self.hits += 1
             if entry.sig is None:  # hands back some of its arguments, records nothing
@@ -157,7 +164,7 @@ class ModuleCache:
             reason = entry.reason or "it has hooks"
             self.misses[f"{type(module).__name__}: {reason}"] += 1
             return ORIGINAL_CALL(module, *args, **kwargs)
-        return self._trace(entry, module, args, kwargs, inputs)
+        return self._trace(key, entry, module, args, kwargs, inputs)
 
     def entry_for(self, key: Any, module: nn.Module) -> _Entry:
         """The cache entry of ``key``, made (switched off where the module asks) if new."""
@@ -194,6 +201,7 @@ class ModuleCache:
 
     def _trace(
         self,
+        key: Any,
         entry: _Entry,
         module: nn.Module,
         args: tuple[Any, ...],
@@ -222,6 +230,7 @@ class ModuleCache:
             else:
                 entry.sig = self._signature(name, module, args, kwargs, found)
                 entry.outs = list(range(len(found.outputs)))
+                keep(key, module, entry.sig.shared, found)
         else:
             entry.reason = "records different ops on calls with the same arguments"
             self.misses[f"{name}: {entry.reason}"] += 1
@@ -249,7 +258,8 @@ class ModuleCache:
             multi=None if found.structure is None else tuple,
             site=user_site(),
         )
-        sig.shared = tuple(pair for op, _, _ in found.ops for pair in op.shared)
+        # versions as of now: a template kept from an earlier batch_map saw older ones
+        sig.shared = tuple((t, version(t)) for op, _, _ in found.ops for t, _ in op.shared)
         return sig
 
     def _add(self, entry: _Entry, inputs: list[int]) -> Any:

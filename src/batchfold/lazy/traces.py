@@ -8,6 +8,7 @@ output of an earlier op), or says why the call cannot be cached.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -101,6 +102,12 @@ class Template:
     ) -> None:
         self.ops, self.outputs, self.structure = ops, outputs, structure
         self.fallbacks = fallbacks
+
+    def for_store(self, fallbacks: Fallbacks) -> Template:
+        """This template counting its fallback ops in another recorder's ``fallbacks``."""
+        made = copy.copy(self)
+        made.fallbacks = fallbacks
+        return made
 
     def same_as(self, other: Template) -> bool:
         """Whether two traces of one key recorded the same ops, reading the same values."""
