@@ -203,6 +203,27 @@ def test_a_later_batch_map_reuses_a_confirmed_call_while_the_module_is_unchanged
     assert "Cell: it or a submodule has hooks" in hooked.module_misses
 
 
+@pytest.mark.parametrize("sequences", [False, True])
+def test_a_call_that_draws_random_numbers_draws_the_same_in_every_batch_map(
+    sequences: bool,
+) -> None:
+    forget()
+    head = nn.Sequential(nn.Linear(4, 6), nn.Dropout(0.5), nn.Linear(6, 2))
+    rng = random.Random(0)
+    shape = (lambda: (rng.randint(1, 5), 4)) if sequences else (lambda: (4,))
+    xs = [torch.randn(*shape()) for _ in range(8)]
+    fn = lambda x: head(torch.as_tensor(x))  # noqa: E731
+    runs, traced = [], set()
+    for _ in range(3):  # the first batch_map of the process confirms, later ones must draw alike
+        torch.manual_seed(7)
+        out, stats = bf.batch_map(fn, xs, return_stats=True)
+        traced.add(stats.module_calls_traced)
+        runs.append(out)
+    assert len(traced) == 1 and traced.pop() >= 2  # traced as often in every batch_map
+    for out in runs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(runs[0], out, strict=True))
+
+
 def test_switching_caching_off() -> None:
     model = TreeModel()
     trees = [((1, 2), 3), (4, (5, 6))] * 3

@@ -7,7 +7,7 @@ tensors with the same shapes, dtypes and devices, every submodule in the same tr
 with the same plain attributes (numbers, strings, flags) and no hooks. A trace is kept only
 when every tensor from outside that its ops read is one of those parameters or buffers: a
 tensor computed from them once (``W.t()`` outside the op) would be stale after an optimizer
-step. As for every cached call, the module must not branch on other Python state (a global,
+step; and only when its ops draw no random numbers (see :func:`keep`). As for every cached call, the module must not branch on other Python state (a global,
 a call counter): mark such a module ``bf.no_cache``.
 """
 
@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from .semantics import is_random
 
 Tensor = torch.Tensor
 _PLAIN = frozenset([int, float, bool, str, type(None)])
@@ -55,9 +57,25 @@ def module_state(module: nn.Module) -> tuple[Any, ...] | None:
     return tuple(parts)
 
 
-def keep(key: Any, module: nn.Module, shared: tuple[tuple[Tensor, int], ...], value: Any) -> None:
-    """Keep ``value`` (a confirmed call's template) for ``key``, if its ops read no tensor
-    from outside but ``module``'s parameters and buffers (``shared``: those they read)."""
+def draws_random(ops: list[tuple[Any, ...]]) -> bool:
+    """Whether a template's ops (``(signature, refs, payload)`` each) draw random numbers."""
+    return any(is_random(op[0].func) for op in ops)
+
+
+def keep(
+    key: Any,
+    module: nn.Module,
+    ops: list[tuple[Any, ...]],
+    shared: tuple[tuple[Tensor, int], ...],
+    value: Any,
+) -> None:
+    """Keep ``value`` (a confirmed call's template, of ``ops``) for ``key``, if its ops read no
+    tensor from outside but ``module``'s parameters and buffers (``shared``: those they read)
+    and draw no random numbers: a call traced in one ``batch_map`` and not in another draws
+    its numbers in other steps, so a run's dropout masks would depend on what ran before it
+    in the process (a resumed run would not continue exactly)."""
+    if draws_random(ops):
+        return
     own = {id(t) for t in module.parameters()} | {id(t) for t in module.buffers()}
     if any(id(t) not in own for t, _ in shared):
         return

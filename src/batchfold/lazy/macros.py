@@ -230,7 +230,7 @@ class ModuleCache:
             else:
                 entry.sig = self._signature(name, module, args, kwargs, found)
                 entry.outs = list(range(len(found.outputs)))
-                keep(key, module, entry.sig.shared, found)
+                keep(key, module, found.ops, entry.sig.shared, found)
         else:
             entry.reason = "records different ops on calls with the same arguments"
             self.misses[f"{name}: {entry.reason}"] += 1

@@ -26,7 +26,7 @@ from ..graph import Graph, Signature, Slot, TensorMeta
 from ..ops import OpRule
 from ..ragged import Family, family_key, generic_pattern, ragged_meta
 from .inference import lazy_metas, template
-from .kept import keep, kept
+from .kept import draws_random, keep, kept
 from .lengths import Guard, guards_hold
 from .semantics import grad_mode
 from .sites import user_site, version
@@ -154,14 +154,16 @@ def call_ragged(
         entry.reason = found
     elif entry.ragged is None:
         entry.ragged, entry.length, entry.guards = found, length, trace.guards
-        if _same_print(_CONFIRMED.get(key), found.fingerprint(trace.guards)):
+        # a call that draws random numbers is traced twice in each batch_map (see kept.keep)
+        earlier = None if draws_random(found.ops) else _CONFIRMED.get(key)
+        if _same_print(earlier, found.fingerprint(trace.guards)):
             entry.macro = RaggedMacro(cache.rec.graph, module, found, (args, kwargs), flags)
-            keep(key, module, entry.macro.shared, (found, trace.guards, length))
+            keep(key, module, found.ops, entry.macro.shared, (found, trace.guards, length))
     elif not found.same_as(entry.ragged) or trace.guards != entry.guards:
         entry.reason = "records different ops for inputs of different lengths"
     elif length != entry.length:  # confirmed by two lengths
         entry.macro = RaggedMacro(cache.rec.graph, module, found, (args, kwargs), flags)
-        keep(key, module, entry.macro.shared, (found, trace.guards, length))
+        keep(key, module, found.ops, entry.macro.shared, (found, trace.guards, length))
         if len(_CONFIRMED) >= _MAX_CONFIRMED:
             _CONFIRMED.clear()
         _CONFIRMED[key] = found.fingerprint(trace.guards)
