@@ -213,15 +213,70 @@ def test_a_call_that_draws_random_numbers_draws_the_same_in_every_batch_map(
     shape = (lambda: (rng.randint(1, 5), 4)) if sequences else (lambda: (4,))
     xs = [torch.randn(*shape()) for _ in range(8)]
     fn = lambda x: head(torch.as_tensor(x))  # noqa: E731
-    runs, traced = [], set()
+    runs, traced, cached = [], set(), set()
     for _ in range(3):  # the first batch_map of the process confirms, later ones must draw alike
         torch.manual_seed(7)
         out, stats = bf.batch_map(fn, xs, return_stats=True)
         traced.add(stats.module_calls_traced)
+        cached.add(stats.module_calls_cached)
         runs.append(out)
     assert len(traced) == 1 and traced.pop() >= 2  # traced as often in every batch_map
+    assert min(cached) > 0  # confirmed: reuse was possible
     for out in runs[1:]:
         assert all(torch.equal(a, b) for a, b in zip(runs[0], out, strict=True))
+
+
+class Scaled(nn.Module):
+    """Several ops, reading a buffer's value into Python and calling a function attribute."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+        self.register_buffer("scale", torch.tensor(2.0))
+        self.act: Any = torch.tanh
+        self.config: Any = None
+
+    def forward(self, x: Any, cfg: Any = None) -> Any:
+        y = self.act(self.lin(x)) * float(self.scale)  # type: ignore[arg-type]
+        return y * cfg.factor if cfg is not None else y + 1
+
+
+class Factor:
+    """A mutable argument: keyed by identity, so never kept."""
+
+    def __init__(self, factor: float) -> None:
+        self.factor = factor
+
+
+def test_what_a_kept_call_depends_on_is_checked_in_each_batch_map() -> None:
+    forget()
+    model = Scaled()
+    xs = [[float(i), 1.0, -1.0, 0.5] for i in range(6)]
+    plain = lambda x: model(torch.tensor(x))  # noqa: E731
+    with_cfg = Factor(3.0)
+    configured = lambda x: model(torch.tensor(x), with_cfg)  # noqa: E731
+
+    def run(fn: Any) -> bf.Stats:
+        stats = assert_matches_eager(fn, xs, model)
+        assert stats.module_calls_cached > 0  # confirmed: reuse was possible
+        return stats
+
+    run(plain)
+    with torch.no_grad():
+        model.get_buffer("scale").fill_(5.0)  # read by float(): never kept, traced again
+    assert run(plain).module_calls_traced == 2
+    del model.scale
+    model.scale = 7.0  # type: ignore[assignment]  # a plain attribute: kept while unchanged
+    run(plain)
+    assert run(plain).module_calls_traced == 0
+    model.act = torch.sigmoid  # a function attribute: by identity
+    assert run(plain).module_calls_traced == 2
+    run(configured)
+    with_cfg.factor = -2.0  # an object argument may change: traced in each batch_map
+    assert run(configured).module_calls_traced == 2
+    model.config = Factor(1.0)  # an attribute of a kind not compared: never kept
+    run(plain)
+    assert run(plain).module_calls_traced == 2
 
 
 def test_switching_caching_off() -> None:

@@ -247,7 +247,8 @@ def test_a_trace_reading_a_tensor_made_from_a_parameter_is_traced_in_each_batch_
     model = Transposed().double()
     fn = lambda x: model(torch.as_tensor(x))  # noqa: E731
     xs = _sequences(seed=6)
-    _check(model, fn, xs)
+    first = _check(model, fn, xs)
+    assert first.module_calls_cached > 0  # confirmed: reuse was possible
     with torch.no_grad():
         model.weight.mul_(3.0)  # W.t() made in the last batch_map would be stale
     again = _check(model, fn, xs)

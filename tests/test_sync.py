@@ -140,6 +140,25 @@ def test_an_instance_that_raises_names_its_index_and_leaves_others_intact() -> N
         torch.testing.assert_close(out, lin(torch.ones(2) * n))
 
 
+def test_no_instance_starts_after_one_raised() -> None:
+    ran = []
+
+    def fn(n: int) -> int:
+        ran.append(n)
+        if n == 0:
+            try:
+                return int(torch.ones(()) * 2)  # waits for a value
+            except BaseException:  # told to exit after instance 1 raised: it returns
+                return -1
+        if n == 1:
+            raise ValueError("instance 1")
+        return n
+
+    with pytest.raises(ValueError, match="instance 1"):
+        bf.batch_map(fn, range(5))
+    assert ran == [0, 1]  # as eagerly: instances 2-4 never ran
+
+
 def test_grad_mode_set_inside_one_instance_does_not_leak() -> None:
     lin = nn.Linear(2, 2)
 

@@ -106,7 +106,7 @@ def test_per_tree_loss_is_node_cross_entropy():
         (TreeRNNClassifier, ["leaf_layer", "node_layer"]),
     ],
 )
-def test_classifiers_keep_their_checkpoint_keys_and_dropout(kind, cell_keys):
+def test_classifiers_checkpoint_keys_and_dropout(kind, cell_keys):
     model = kind(10, emb_dim=4, hidden=3, n_classes=5, dropout=0.5)
     cell = [f"cell.{name}.{p}" for name in cell_keys for p in ("weight", "bias")]
     assert list(model.state_dict()) == ["embedding.weight", *cell, "output.weight", "output.bias"]

@@ -250,10 +250,11 @@ def infer_outputs(
         return known
     out = _run_for_shapes(func, eager, name, site, targs, tkwargs, in_metas, meta_cache)
     found: Outputs
-    if isinstance(out, Tensor):
-        found = (None, ((tuple(out.shape), out.dtype),))
-    else:
-        found = (type(out), tuple((tuple(o.shape), o.dtype) for o in out))
+    with torch._C.DisableTorchFunction():  # the recorder's own reads: not the user's
+        if isinstance(out, Tensor):
+            found = (None, ((tuple(out.shape), out.dtype),))
+        else:
+            found = (type(out), tuple((tuple(o.shape), o.dtype) for o in out))
     if key is not None:
         if len(_OUTPUTS) >= _MAX_OUTPUTS:
             _OUTPUTS.clear()  # rare: a process seeing this many kinds of call

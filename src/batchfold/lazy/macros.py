@@ -75,6 +75,7 @@ class _Entry:
         "length",
         "guards",
         "macro",
+        "read",
     )
 
     def __init__(self, module: nn.Module) -> None:
@@ -91,6 +92,9 @@ class _Entry:
         self.length = 0
         self.guards: list[Guard] = []
         self.macro: RaggedMacro | None = None
+        # tensors from outside whose attributes its traces read; None if they read a value
+        # into Python or the key holds an object by identity (never kept then: see kept.py)
+        self.read: list[Tensor] | None = []
 
 
 class ModuleCache:
@@ -130,6 +134,7 @@ class ModuleCache:
     def call(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """``module(*args, **kwargs)`` inside ``batch_map``: a macro node, or traced op by op."""
         rec = self.rec
+        rec.by_identity = False
         if rec.ragged and _takes_sequences(args, kwargs):  # keyed without the length
             found = ragged_key(self, module, args, kwargs)
             if found is None:
@@ -152,8 +157,10 @@ class ModuleCache:
         if entry.template is None and entry.reason is None:
             earlier = kept(key, module)  # confirmed by an earlier batch_map
             if earlier is not None:
-                entry.template, entry.confirmed = earlier.for_store(rec.store.fallbacks), True
-                entry.sig = self._signature(type(module).__name__, module, args, kwargs, earlier)
+                template = earlier.for_store(rec.store.fallbacks)
+                entry.template, entry.confirmed = template, True
+                name = type(module).__name__
+                entry.sig = self._signature(name, module, args, kwargs, template)
                 entry.outs = list(range(len(earlier.outputs)))
         if entry.confirmed and not own_hooks(module):
             self.hits += 1
@@ -171,11 +178,21 @@ class ModuleCache:
         entry = self.entries.get(key)
         if entry is None:
             entry = self.entries[key] = _Entry(module)
+            if self.rec.by_identity:
+                entry.read = None
             if getattr(module, _OFF, False):
                 entry.reason = "switched off with no_cache"
             elif _has_hooks(module):
                 entry.reason = "it or a submodule has hooks"
         return entry
+
+    def note_reads(self, entry: _Entry, trace: Trace) -> None:
+        """Add what a trace of ``entry``'s call read of tensors from outside (see kept.py)."""
+        if entry.read is not None:
+            if trace.read_values:
+                entry.read = None
+            else:
+                entry.read.extend(trace.read_tensors)
 
     def trace_call(
         self,
@@ -209,6 +226,7 @@ class ModuleCache:
         inputs: list[int],
     ) -> Any:
         trace, result = self.trace_call(module, args, kwargs, inputs)
+        self.note_reads(entry, trace)
         found = trace.finish(result, self.rec.store.fallbacks)
         name = type(module).__name__
         if isinstance(found, str):
@@ -230,7 +248,7 @@ class ModuleCache:
             else:
                 entry.sig = self._signature(name, module, args, kwargs, found)
                 entry.outs = list(range(len(found.outputs)))
-                keep(key, module, found.ops, entry.sig.shared, found)
+                keep(key, module, found.ops, entry.sig.shared, entry.read, found)
         else:
             entry.reason = "records different ops on calls with the same arguments"
             self.misses[f"{name}: {entry.reason}"] += 1

@@ -147,6 +147,7 @@ def call_ragged(
             cache.hits += 1
             return entry.macro.node(cache.rec, inputs, metas, length)
     trace, result = cache.trace_call(module, args, kwargs, inputs, length, flags)
+    cache.note_reads(entry, trace)
     found: Any = trace.finish(result, cache.rec.store.fallbacks)
     if not isinstance(found, str):
         found = ragged_template(found, flags, length)
@@ -158,12 +159,19 @@ def call_ragged(
         earlier = None if draws_random(found.ops) else _CONFIRMED.get(key)
         if _same_print(earlier, found.fingerprint(trace.guards)):
             entry.macro = RaggedMacro(cache.rec.graph, module, found, (args, kwargs), flags)
-            keep(key, module, found.ops, entry.macro.shared, (found, trace.guards, length))
+            keep(
+                key,
+                module,
+                found.ops,
+                entry.macro.shared,
+                entry.read,
+                (found, trace.guards, length),
+            )
     elif not found.same_as(entry.ragged) or trace.guards != entry.guards:
         entry.reason = "records different ops for inputs of different lengths"
     elif length != entry.length:  # confirmed by two lengths
         entry.macro = RaggedMacro(cache.rec.graph, module, found, (args, kwargs), flags)
-        keep(key, module, found.ops, entry.macro.shared, (found, trace.guards, length))
+        keep(key, module, found.ops, entry.macro.shared, entry.read, (found, trace.guards, length))
         if len(_CONFIRMED) >= _MAX_CONFIRMED:
             _CONFIRMED.clear()
         _CONFIRMED[key] = found.fingerprint(trace.guards)

@@ -9,6 +9,7 @@ runs what is pending; ``read`` is a sync point.
 
 from __future__ import annotations
 
+import enum
 import time
 import weakref
 from typing import Any
@@ -48,10 +49,12 @@ _LEADING = ("input", "tensors", "self")  # parameter names that come first when 
 _TENSOR = torch.tensor
 _mode_active = torch._C._is_torch_function_mode_enabled
 _GETTER = type(Tensor.device.__get__)  # what the mode sees for an attribute read of a tensor
-_PASS = frozenset(
-    [torch._C._set_grad_enabled, Tensor.__int__, Tensor.__float__, Tensor.__bool__, Tensor.item]
-)
+_SET_GRAD = torch._C._set_grad_enabled
+_PASS = frozenset([_SET_GRAD, Tensor.__int__, Tensor.__float__, Tensor.__bool__, Tensor.item])
 _PLAIN = frozenset((type(None), str, int, float, bool))  # keyword values keyed as they are
+_IMMUTABLE = frozenset(
+    [type(None), str, bytes, complex, torch.dtype, torch.device, torch.Size, torch.layout]
+)
 
 
 class Recorder(TorchFunctionMode):
@@ -76,18 +79,25 @@ class Recorder(TorchFunctionMode):
         self.trace: Trace | None = None  # the module call being traced, if any
         self._view_sigs: set[int] = set()  # signatures whose outputs may view their first input
         self.modules = ModuleCache(self) if cache_modules else None
+        # set when a key holds an object by identity (a tensor, an unhashable or mutable
+        # object); the module cache reads it after making a call's key (see kept.py)
+        self.by_identity = False
 
     def _set_instance(self, index: int) -> None:
         self.instance = index
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
         if func in _PASS and not (args and type(args[0]) is Lazy):
+            if self.trace is not None and func is not _SET_GRAD:
+                self.trace.read_values = True
             return func(*args, **(kwargs or {}))  # grad mode switches, a read value's number
         if type(func) is _GETTER and len(args) == 1 and not kwargs and type(args[0]) is not Lazy:
             # an attribute of a shared tensor (p.device, w.shape): read it at once; a tensor
             # attribute (w.T) goes on to the memo, so that it keeps one identity
             value = func(*args)
             if not isinstance(value, Tensor):
+                if self.trace is not None:
+                    self.trace.read_tensors.append(args[0])
                 return value
         return self.call(func, args, kwargs or {})
 
@@ -196,6 +206,7 @@ class Recorder(TorchFunctionMode):
         if kind is dict:
             return (dict, *self.kwargs_key(obj, inputs))
         if isinstance(obj, Tensor):
+            self.by_identity = True
             if _mode_active():  # from a Lazy method or a module call: the mode would see the read
                 with torch._C.DisableTorchFunction():
                     return (id(obj), version(obj))
@@ -204,6 +215,8 @@ class Recorder(TorchFunctionMode):
             return (kind, obj)
         if kind is slice:
             return (slice, obj.start, obj.stop, obj.step)
+        if kind not in _IMMUTABLE and not isinstance(obj, enum.Enum):
+            self.by_identity = True  # an object that may change, or be another at that id
         try:
             hash(obj)
         except TypeError:
@@ -233,6 +246,8 @@ class Recorder(TorchFunctionMode):
         if hit is None:
             result = func(*args, **kwargs)
             if not isinstance(result, Tensor):
+                if self.trace is not None:  # w.tolist(), w.dim(): a value read into Python
+                    self.trace.read_values = True
                 return result
             hit = self._memo[key] = (result, args, kwargs)  # the inputs stay alive: ids stay
         return hit[0]

@@ -1,8 +1,9 @@
 """Sync points: instances that read a value pause, and resume together after one batched run.
 
-``batch_map`` runs each instance's code in its own greenlet. When the code reads a value that
-has not been computed (``.item()``, ``bool()`` in an ``if``, ``int()``, ``.tolist()``), the
-instance switches back to the driver, which moves on to the next instance. Once every instance
+``batch_map`` runs the instances' code in greenlets, one after another in the same greenlet
+until one reads a value that has not been computed (``.item()``, ``bool()`` in an ``if``,
+``int()``, ``.tolist()``): that instance switches back to the driver, which goes on with the
+next instance in a new greenlet. Once every instance
 is paused or finished, the driver runs everything recorded so far as one plan and resumes the
 paused instances, in instance order, each with its value. A greedy decoder over a batch thus
 runs one batched plan per decoding step, not one per instance per step.
@@ -34,6 +35,7 @@ class Driver:
         self.main: Any = None  # the driver's greenlet while it runs, else None
         self.syncs = 0  # flushes made because instances waited on values
         self.current = 0  # the instance running now, or the last one to run
+        self.stopping = False  # set when an instance raised: no new instance starts
 
     def pause(self) -> None:
         """Called by a read inside an instance: wait until the driver has run the graph."""
@@ -75,10 +77,12 @@ class Driver:
                 for index, task in list(paused.items()):
                     self._resume(index, task, paused)
         except BaseException as error:
+            self.stopping = True
             self._end(paused, error)
             raise
         finally:
             self.main = None
+            self.stopping = False
         return results
 
     def _work(
@@ -87,6 +91,8 @@ class Driver:
         """Run the instances left in ``todo`` in this greenlet, until one waits for a value
         (then the driver starts another greenlet for the rest)."""
         for index, instance in todo:
+            if self.stopping:  # an instance raised: a waiting one that ended takes no more
+                return
             results.append(None)
             self.current = index
             self.set_instance(index)

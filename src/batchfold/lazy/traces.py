@@ -25,7 +25,17 @@ Tensor = torch.Tensor
 class Trace:
     """The nodes one module call adds while it is traced, and why it cannot be cached."""
 
-    __slots__ = ("inputs", "start", "ops", "reason", "length", "guards", "ragged")
+    __slots__ = (
+        "inputs",
+        "start",
+        "ops",
+        "reason",
+        "length",
+        "guards",
+        "ragged",
+        "read_values",
+        "read_tensors",
+    )
 
     def __init__(
         self,
@@ -43,6 +53,10 @@ class Trace:
         self.length = length
         self.guards: list[Guard] = []
         self.ragged = {v: f for v, f in zip(inputs, flags, strict=False) if f}
+        # what the call read of tensors from outside, besides what its ops read (see kept.py):
+        # a value into Python (float(w), w.item()), and tensors whose attributes it read
+        self.read_values = False
+        self.read_tensors: list[Tensor] = []
 
     def add(self, sig: Signature, inputs: list[int], first: int) -> None:
         """Note a node the call recorded (an op on lazy inputs)."""

@@ -114,9 +114,9 @@ class BinaryTreeLSTMCell(nn.Module):
     ) -> None:
         # checkpoints made before the leaf was a module name its layer ``leaf_gates``
         for part in ("weight", "bias"):
-            old = f"{prefix}leaf_gates.{part}"
-            if old in state_dict:
-                state_dict[f"{prefix}leaf.gates.{part}"] = state_dict.pop(old)
+            old, new = f"{prefix}leaf_gates.{part}", f"{prefix}leaf.gates.{part}"
+            if old in state_dict and new not in state_dict:
+                state_dict[new] = state_dict.pop(old)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, h_l: Tensor, c_l: Tensor, h_r: Tensor, c_r: Tensor) -> tuple[Tensor, Tensor]:
