@@ -6,6 +6,11 @@ plain tensors, no rdkit objects, so it pickles and any front end can read it.
 rows) read MoleculeNet's CSV files into a :class:`MoleculeSet`; :func:`read_molecule_csv`
 reads any such file. :func:`random_split` and :func:`scaffold_split` split a data set.
 
+:class:`MoleculeSet` and :func:`read_molecule_csv` are in :mod:`batchfold.data.molecule_csv`,
+the splits in :mod:`batchfold.data.molecule_splits` and the features in
+:mod:`batchfold.data.molecule_features`; this module holds the ESOL and Tox21 loaders and
+re-exports the rest.
+
 Atom features (``atom_features``, :data:`ATOM_FEATURES` = 27 columns), following Table 1 of
 Kearnes et al., "Molecular graph convolutions: moving beyond fingerprints" (2016):
 
@@ -47,19 +52,11 @@ raise :class:`MoleculeFormatError` instead.
 
 from __future__ import annotations
 
-import csv
-import gzip
-import math
 import os
-import random
-import warnings
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TextIO, TypeVar, overload
 
-from rdkit.Chem.Scaffolds import MurckoScaffold
-
+from batchfold.data.molecule_csv import MoleculeSet, SkippedMoleculeWarning, read_molecule_csv
 from batchfold.data.molecule_features import (
     ATOM_FEATURE_NAMES,
     ATOM_FEATURES,
@@ -68,9 +65,8 @@ from batchfold.data.molecule_features import (
     Molecule,
     MoleculeFormatError,
     featurize,
-    featurize_mol,
-    parse_smiles,
 )
+from batchfold.data.molecule_splits import murcko_scaffold, random_split, scaffold_split
 from batchfold.data.paths import data_roots, find_data
 
 __all__ = [
@@ -119,167 +115,6 @@ TOX21_TASKS = (
     "SR-p53",
 )
 """The 12 Tox21 tasks, in the order of :attr:`Molecule.label`."""
-
-T = TypeVar("T")
-M = TypeVar("M", bound="Molecule | str")
-
-
-class SkippedMoleculeWarning(UserWarning):
-    """A row of a molecule file was skipped because rdkit cannot parse its SMILES."""
-
-
-@dataclass(frozen=True, eq=False, repr=False)
-class MoleculeSet(Sequence[Molecule]):
-    """The molecules read from one file, with the task names and the rows that were skipped.
-
-    It is a sequence of :class:`Molecule`, so it can go straight to the splits.
-
-    Arguments:
-        molecules: the molecules, in file order.
-        tasks: the label columns, in the order of :attr:`Molecule.label`.
-        source: the file read.
-        skipped: ``(line, SMILES)`` of each row whose SMILES rdkit cannot parse.
-    """
-
-    molecules: tuple[Molecule, ...]
-    tasks: tuple[str, ...]
-    source: str
-    skipped: tuple[tuple[int, str], ...] = ()
-
-    def __len__(self) -> int:
-        return len(self.molecules)
-
-    @overload
-    def __getitem__(self, index: int) -> Molecule: ...
-    @overload
-    def __getitem__(self, index: slice) -> tuple[Molecule, ...]: ...
-    def __getitem__(self, index: int | slice) -> Molecule | tuple[Molecule, ...]:
-        return self.molecules[index]
-
-    def __iter__(self) -> Iterator[Molecule]:
-        return iter(self.molecules)
-
-    def __repr__(self) -> str:
-        return (
-            f"MoleculeSet({self.source!r}, molecules={len(self)}, tasks={len(self.tasks)}, "
-            f"skipped={len(self.skipped)})"
-        )
-
-
-def _open(file: Path) -> TextIO:
-    if file.suffix == ".gz":
-        return gzip.open(file, "rt", encoding="utf-8-sig", newline="")
-    return open(file, encoding="utf-8-sig", newline="")
-
-
-def _label(cell: str, column: str, binary: bool, where: str) -> float | None:
-    """The value of a label cell; ``None`` for an empty (unmeasured) one."""
-    text = cell.strip()
-    if not text:
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if value in (0.0, 1.0) if binary else math.isfinite(value):
-        return value
-    expected = "0, 1" if binary else "a finite number"
-    raise MoleculeFormatError(
-        f"{where}: column {column!r}: expected {expected} or an empty cell, found {cell!r}"
-    )
-
-
-def read_molecule_csv(
-    file: str | os.PathLike[str],
-    smiles_column: str = "smiles",
-    label_columns: Sequence[str] = (),
-    *,
-    binary: bool = False,
-    strict: bool = False,
-    max_pair_distance: int | None = None,
-) -> MoleculeSet:
-    """Read a CSV file with a header, a SMILES column and label columns into molecules.
-
-    Gzip-compressed files (``.gz``) and CRLF line endings are fine. An empty label cell is a
-    missing label: value 0 with ``mask`` False. A row whose SMILES rdkit cannot parse is
-    skipped with a :class:`SkippedMoleculeWarning` naming the file, line and SMILES, and a
-    last warning gives the count; ``strict=True`` raises instead.
-
-    Arguments:
-        file: the CSV file.
-        smiles_column: the header name of the SMILES column.
-        label_columns: the header names of the label columns, in label order.
-        binary: labels must be 0 or 1 (classification) rather than any finite number.
-        strict: raise :class:`MoleculeFormatError` on a SMILES rdkit cannot parse.
-        max_pair_distance: passed to :func:`featurize`.
-
-    Returns:
-        The :class:`MoleculeSet`.
-
-    Raises:
-        FileNotFoundError: there is no such file.
-        MoleculeFormatError: a missing column, a row with the wrong number of fields or a bad
-            label (always), or an unparsable SMILES (with ``strict``); the message starts
-            with ``file:line:``.
-
-    Example:
-        >>> import tempfile, pathlib
-        >>> f = pathlib.Path(tempfile.mkdtemp()) / "tiny.csv"
-        >>> _ = f.write_text("smiles,y\\nCCO,1\\nC1CC,0\\nc1ccccc1,\\n")
-        >>> import warnings
-        >>> with warnings.catch_warnings(record=True) as caught:
-        ...     warnings.simplefilter("always")
-        ...     data = read_molecule_csv(f, "smiles", ["y"], binary=True)
-        >>> data.skipped, [m.mask.tolist() for m in data]
-        (((3, 'C1CC'),), [[True], [False]])
-        >>> print(caught[0].message)  # doctest: +ELLIPSIS
-        /...tiny.csv:3: rdkit cannot parse SMILES 'C1CC' (not valid SMILES syntax); skipped
-    """
-    source = str(file)
-    molecules: list[Molecule] = []
-    skipped: list[tuple[int, str]] = []
-    with _open(Path(file)) as f:
-        reader = csv.reader(f)
-        header = [name.strip() for name in next(reader, [])]
-        wanted = [smiles_column, *label_columns]
-        for name in wanted:
-            if name not in header:
-                raise MoleculeFormatError(
-                    f"{source}:1: no column {name!r} in the header (it has {', '.join(header)})"
-                )
-        smiles_at, *label_at = (header.index(name) for name in wanted)
-        for row in reader:
-            where = f"{source}:{reader.line_num}"
-            if not any(cell.strip() for cell in row):
-                continue
-            if len(row) != len(header):
-                raise MoleculeFormatError(
-                    f"{where}: expected {len(header)} fields, found {len(row)}"
-                )
-            labels = [
-                _label(row[i], name, binary, where)
-                for i, name in zip(label_at, label_columns, strict=True)
-            ]
-            smiles = row[smiles_at].strip()
-            mol, reason = parse_smiles(smiles)
-            if mol is None:
-                message = f"{where}: rdkit cannot parse SMILES {smiles!r} ({reason})"
-                if strict:
-                    raise MoleculeFormatError(message)
-                warnings.warn(f"{message}; skipped", SkippedMoleculeWarning, stacklevel=2)
-                skipped.append((reader.line_num, smiles))
-                continue
-            molecules.append(
-                featurize_mol(mol, smiles, labels, max_pair_distance=max_pair_distance)
-            )
-    if skipped:
-        warnings.warn(
-            f"{source}: skipped {len(skipped)} of {len(skipped) + len(molecules)} molecules "
-            "whose SMILES rdkit cannot parse (strict=True makes this an error)",
-            SkippedMoleculeWarning,
-            stacklevel=2,
-        )
-    return MoleculeSet(tuple(molecules), tuple(label_columns), source, tuple(skipped))
 
 
 def _data_file(
@@ -386,115 +221,3 @@ def load_tox21(
     return read_molecule_csv(
         file, "smiles", TOX21_TASKS, binary=True, strict=strict, max_pair_distance=max_pair_distance
     )
-
-
-def _cutoffs(fractions: Sequence[float], n: int) -> tuple[int, int]:
-    """Where the train and validation parts end, for ``n`` items."""
-    if len(fractions) != 3 or min(fractions) < 0 or abs(sum(fractions) - 1) > 1e-6:
-        raise ValueError(
-            f"fractions must be three non-negative numbers (train, valid, test) summing to 1, "
-            f"got {tuple(fractions)}"
-        )
-    return round(fractions[0] * n), round((fractions[0] + fractions[1]) * n)
-
-
-def random_split(
-    items: Sequence[T], fractions: Sequence[float] = (0.8, 0.1, 0.1), seed: int = 0
-) -> tuple[list[T], list[T], list[T]]:
-    """Shuffle ``items`` with a seeded generator and cut them into train, valid and test.
-
-    The sizes are ``fractions`` times ``len(items)``, rounded; the same seed gives the same
-    split on every platform.
-
-    Arguments:
-        items: the molecules (or anything else).
-        fractions: the train, validation and test fractions, summing to 1.
-        seed: the seed of the shuffle.
-
-    Returns:
-        The three parts, disjoint, together holding every item once.
-
-    Example:
-        >>> random_split(range(10), seed=0)
-        ([7, 8, 1, 5, 3, 4, 2, 0], [9], [6])
-    """
-    train_end, valid_end = _cutoffs(fractions, len(items))
-    order = list(range(len(items)))
-    random.Random(seed).shuffle(order)
-    parts = order[:train_end], order[train_end:valid_end], order[valid_end:]
-    train, valid, test = ([items[i] for i in part] for part in parts)
-    return train, valid, test
-
-
-def murcko_scaffold(item: Molecule | str) -> str:
-    """The Bemis-Murcko scaffold of a molecule as SMILES, without stereo; ``""`` if acyclic.
-
-    Arguments:
-        item: a :class:`Molecule` or a SMILES.
-
-    Returns:
-        The scaffold's canonical SMILES.
-
-    Raises:
-        MoleculeFormatError: rdkit cannot parse the SMILES.
-
-    Example:
-        >>> murcko_scaffold("CCc1ccccc1"), murcko_scaffold("CCO")
-        ('c1ccccc1', '')
-    """
-    smiles = item.smiles if isinstance(item, Molecule) else item
-    mol, reason = parse_smiles(smiles)
-    if mol is None:
-        raise MoleculeFormatError(f"rdkit cannot parse SMILES {smiles.strip()!r} ({reason})")
-    return MurckoScaffold.MurckoScaffoldSmiles(mol=mol, includeChirality=False)
-
-
-def scaffold_split(
-    items: Sequence[M], fractions: Sequence[float] = (0.8, 0.1, 0.1), seed: int | None = None
-) -> tuple[list[M], list[M], list[M]]:
-    """Split molecules so that all molecules with one Bemis-Murcko scaffold share a part.
-
-    As in DeepChem and MoleculeNet: the molecules are grouped by :func:`murcko_scaffold`
-    (acyclic ones form one group), the groups are taken largest first, and each goes to train
-    if it fits in train's share, else to validation if it fits there, else to test. So the
-    split is deterministic and the rarest scaffolds end up in validation and test. Without a
-    ``seed``, groups of equal size are ordered as DeepChem orders them (by their first item,
-    last first); with one, their order is shuffled by it. Parts may miss ``fractions``
-    by up to a group's size.
-
-    Arguments:
-        items: the molecules, as :class:`Molecule` or SMILES.
-        fractions: the train, validation and test fractions, summing to 1.
-        seed: shuffles groups of equal size; ``None`` keeps DeepChem's order.
-
-    Returns:
-        The three parts, disjoint, together holding every item once.
-
-    Raises:
-        MoleculeFormatError: an item's SMILES cannot be parsed.
-
-    Example:
-        >>> scaffold_split(["c1ccccc1O", "CCO", "c1ccccc1N", "C1CCCCC1"], (0.5, 0.25, 0.25))
-        (['c1ccccc1O', 'c1ccccc1N'], ['C1CCCCC1'], ['CCO'])
-    """
-    groups: dict[str, list[int]] = {}
-    for i, item in enumerate(items):
-        groups.setdefault(murcko_scaffold(item), []).append(i)
-    sets = list(groups.values())
-    if seed is None:
-        sets.sort(key=lambda s: (len(s), s[0]), reverse=True)
-    else:
-        random.Random(seed).shuffle(sets)
-        sets.sort(key=len, reverse=True)
-    train_end, valid_end = _cutoffs(fractions, len(items))
-    train: list[int] = []
-    valid: list[int] = []
-    test: list[int] = []
-    for group in sets:
-        if len(train) + len(group) <= train_end:
-            train += group
-        elif len(train) + len(valid) + len(group) <= valid_end:
-            valid += group
-        else:
-            test += group
-    return [items[i] for i in train], [items[i] for i in valid], [items[i] for i in test]

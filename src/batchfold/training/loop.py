@@ -9,6 +9,10 @@ At the end it plots ``curves.png``, times batched against one-at-a-time training
 :class:`~batchfold.training.task.EagerBaseline` task) and writes the test metrics of the
 best checkpoint to ``test.json``. Last it profiles one sample batch into ``profile.json``
 and writes ``report.html`` (:mod:`batchfold.training.report`).
+
+The loop itself is here; the output folder, resuming and the checkpoint files are in
+:mod:`batchfold.training.run_folder`, evaluation and the throughput comparison in
+:mod:`batchfold.training.evaluation` (the public names are re-exported here).
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ import math
 import os
 import random
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,18 +36,28 @@ from tqdm import tqdm
 from batchfold.errors import ConfigError
 from batchfold.training import distributed
 from batchfold.training.arguments import DEFAULT_LR, add_arguments, add_eval_arguments
-from batchfold.training.checkpoint import (
-    encode_checkpoint,
-    load_checkpoint,
-    rng_state,
-    set_rng_state,
-    write_checkpoint,
+from batchfold.training.checkpoint import load_checkpoint, rng_state, set_rng_state
+from batchfold.training.evaluation import (
+    compare_throughput,
+    evaluate,
+    evaluate_checkpoint,
+    format_metrics,
+    print_summary,
 )
 from batchfold.training.optim import make_optimizer, set_epoch_lr
 from batchfold.training.plot import plot_curves
 from batchfold.training.report import write_report
+from batchfold.training.run_folder import (
+    check_resume_config,
+    prepare_out,
+    read_history,
+    resume_advice,
+    run_config,
+    save_checkpoints,
+    write_history,
+)
 from batchfold.training.sample import MAX_ITEMS, profile_batch
-from batchfold.training.task import EagerBaseline, Task
+from batchfold.training.task import Task
 
 __all__ = [
     "DEFAULT_LR",
@@ -58,19 +71,6 @@ __all__ = [
     "shuffled_batches",
     "train",
 ]
-
-# Options that may differ between a run and its --resume: they do not change the numbers.
-_FREE_ON_RESUME = frozenset(
-    {"epochs", "resume", "device", "threads", "out", "compare_batches", "progress"}
-    | {"glove_words"}  # what the SST task found in the GloVe file, not an option
-    | {"predicted_tags_upos"}  # the parser's tagger accuracy, measured (may vary by device)
-)
-# Options added after runs were saved: a checkpoint without them ran with these values.
-_ADDED_LATER = {
-    "lr_schedule": "constant",
-    "min_lr_scale": 0.0,
-    "weight_decay": 0.0,
-}
 
 
 def seed_everything(seed: int) -> None:
@@ -107,77 +107,6 @@ def shuffled_batches(n_items: int, batch_size: int, seed: int, epoch: int) -> li
         raise ConfigError(f"--batch-size must be at least 1, got {batch_size}")
     order = np.random.default_rng([seed, epoch]).permutation(n_items).tolist()
     return [order[i : i + batch_size] for i in range(0, n_items, batch_size)]
-
-
-# -- the output folder and resuming -----------------------------------------------------------
-
-
-def prepare_out(out: str | os.PathLike[str]) -> Path:
-    """Create the ``--out`` folder if needed and check that files can be written in it.
-
-    Arguments:
-        out: the folder.
-
-    Returns:
-        The folder as a path.
-
-    Raises:
-        ConfigError: the folder cannot be created (a file is in the way, a read-only parent)
-            or written to; the one-line message names the folder.
-    """
-    folder = Path(out)
-    if folder.exists() and not folder.is_dir():
-        raise ConfigError(f"--out {folder} is a file, not a folder; choose another --out")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder, prefix=".batchfold-write-test-"):
-            pass
-    except OSError as err:
-        reason = "a file is in its path" if isinstance(err, NotADirectoryError) else err.strerror
-        raise ConfigError(
-            f"--out {folder}: cannot create or write to this folder ({reason or err}); choose "
-            "a folder you can write to"
-        ) from err
-    return folder
-
-
-def _resume_advice(out: Path) -> str:
-    return (
-        f"to go on from the best epoch, copy {out / 'best.pt'} over it and --resume again, or "
-        "train again without --resume"
-    )
-
-
-def _config(args: argparse.Namespace) -> dict[str, Any]:
-    """The options of a run as JSON values (the command itself and its file are left out)."""
-    skip = {"command", "checkpoint"}
-    return {
-        key: str(value) if isinstance(value, os.PathLike) else value
-        for key, value in vars(args).items()
-        if key not in skip
-    }
-
-
-def _check_resume_config(saved: dict[str, Any], now: dict[str, Any], file: Path) -> None:
-    saved = {**_ADDED_LATER, **saved}
-    free = (
-        _FREE_ON_RESUME - {"epochs"}
-        if now.get("lr_schedule", "constant") != "constant"
-        else _FREE_ON_RESUME
-    )
-    changed = [
-        key
-        for key in sorted(saved.keys() | now.keys())
-        if key not in free and saved.get(key) != now.get(key)
-    ]
-    if changed:
-        detail = ", ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in changed)
-        raise ConfigError(
-            f"--resume from {file} with different options ({detail}). Resume with the options "
-            "of the first run (only --epochs, --device, --threads may change; not --epochs with "
-            "a learning-rate schedule, which depends on it), or start a new "
-            "run in another --out folder."
-        )
 
 
 # -- one epoch --------------------------------------------------------------------------------
@@ -244,91 +173,7 @@ def _progress_disabled(args: argparse.Namespace) -> bool | None:
     return None if progress is None else not progress  # None: tqdm shows it on a terminal
 
 
-def _evaluate(task: Task, model: nn.Module, split: str) -> dict[str, float]:
-    model.eval()
-    try:
-        with torch.no_grad():
-            return task.evaluate(model, split)
-    finally:
-        model.train()
-
-
-def _format_metrics(split: str, metrics: dict[str, float]) -> str:
-    """``"dev upos 95.12, ..."``: keys that start with the split's name print without it."""
-    # percentages read best with 2 decimals, fractions with 4
-    return f"{split} " + ", ".join(
-        f"{key.removeprefix(split + '_')} "
-        + (f"{value:.2f}" if abs(value) >= 1 or value == 0 else f"{value:.4f}")
-        for key, value in metrics.items()
-    )
-
-
-# -- throughput -------------------------------------------------------------------------------
-
-
-def compare_throughput(
-    task: Task, model: nn.Module, items: Sequence[Any], batch_size: int, n_batches: int
-) -> dict[str, float] | None:
-    """Time forward and backward of a few batches batched and one item at a time.
-
-    Both run on the same batches and weights, in train mode; the RNG state is restored after,
-    and no optimizer step is taken, so training is unaffected.
-
-    Arguments:
-        task: the task; it must be an :class:`EagerBaseline` for a comparison.
-        model: the model.
-        items: the training items; the first ``n_batches * batch_size`` are used.
-        batch_size: items per batch.
-        n_batches: how many batches to time.
-
-    Returns:
-        ``batched_per_s``, ``one_at_a_time_per_s``, ``speedup`` and ``items``, or ``None``
-        when the task has no eager baseline or ``n_batches`` is 0.
-    """
-    if n_batches <= 0 or not isinstance(task, EagerBaseline) or not items:
-        return None
-    batches = [
-        list(items[i : i + batch_size])
-        for i in range(0, min(len(items), n_batches * batch_size), batch_size)
-    ]
-    model.train()
-    seconds = {"batched": 0.0, "eager": 0.0}
-    with torch.random.fork_rng(devices=[]):
-        for batch in batches:
-            for kind, loss_fn in (("batched", task.loss), ("eager", task.eager_loss)):
-                model.zero_grad(set_to_none=True)
-                start = time.perf_counter()
-                loss, _ = loss_fn(model, batch)
-                loss.backward()
-                _synchronize(loss.device)
-                seconds[kind] += time.perf_counter() - start
-    model.zero_grad(set_to_none=True)
-    n = sum(len(b) for b in batches)
-    return {
-        "items": n,
-        "batched_per_s": n / seconds["batched"],
-        "one_at_a_time_per_s": n / seconds["eager"],
-        "speedup": seconds["eager"] / seconds["batched"],
-    }
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":  # CUDA work is asynchronous: wait for it before reading a clock
-        torch.cuda.synchronize(device)
-
-
 # -- the run ----------------------------------------------------------------------------------
-
-
-def _read_history(file: Path, up_to: int) -> list[dict[str, Any]]:
-    if not file.is_file():
-        return []
-    lines = [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
-    return [record for record in lines if record["epoch"] <= up_to]
-
-
-def _write_history(file: Path, history: list[dict[str, Any]]) -> None:
-    file.write_text("".join(json.dumps(record) + "\n" for record in history))
 
 
 def train(task: Task, args: argparse.Namespace) -> dict[str, Any]:
@@ -352,7 +197,7 @@ def train(task: Task, args: argparse.Namespace) -> dict[str, Any]:
         raise ConfigError(f"--epochs must be at least 0, got {args.epochs}")
     ranks = distributed.setup(args.device)
     out = prepare_out(args.out)
-    config = _config(args)
+    config = run_config(args)
     items = task.train_items()
     if args.max_train is not None:
         items = items[: args.max_train]
@@ -369,18 +214,18 @@ def train(task: Task, args: argparse.Namespace) -> dict[str, Any]:
         file = out / "last.pt"
         if not file.is_file():
             raise ConfigError(f"--resume: no checkpoint at {file}; train without --resume first")
-        state = load_checkpoint(file, args.device, advice=_resume_advice(out))
-        _check_resume_config(state["config"], config, file)
+        state = load_checkpoint(file, args.device, advice=resume_advice(out))
+        check_resume_config(state["config"], config, file)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         set_rng_state(state["rng"])
         first_epoch, best = state["epoch"] + 1, state["best"]
-        history = _read_history(out / "metrics.jsonl", state["epoch"])
+        history = read_history(out / "metrics.jsonl", state["epoch"])
     elif ranks.main:
         (out / "best.pt").unlink(missing_ok=True)  # from an earlier run in the same folder
     if ranks.main:
         (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        _write_history(out / "metrics.jsonl", history)
+        write_history(out / "metrics.jsonl", history)
         processes = f", {ranks.world} processes" if ranks.world > 1 else ""
         print(
             f"{task.name}: {len(items)} training {task.unit}, epochs {first_epoch}-{args.epochs}"
@@ -395,7 +240,7 @@ def train(task: Task, args: argparse.Namespace) -> dict[str, Any]:
         if not ranks.main:  # rank 0 evaluates and writes; the others wait for the next epoch
             distributed.barrier(ranks)
             continue
-        record["dev"] = _evaluate(task, model, "dev")
+        record["dev"] = evaluate(task, model, "dev")
         history.append(record)
         with open(out / "metrics.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
@@ -412,28 +257,16 @@ def train(task: Task, args: argparse.Namespace) -> dict[str, Any]:
             "best": best,
             "dev": record["dev"],
         }
-        _save_checkpoints(out, checkpoint, improved)
+        save_checkpoints(out, checkpoint, improved)
         print(
             f"epoch {epoch}/{args.epochs}: train loss {record['train_loss']:.4f}, "
-            f"{_format_metrics('dev', record['dev'])}, {record['items_per_s']:.1f} {task.unit}/s, "
+            f"{format_metrics('dev', record['dev'])}, {record['items_per_s']:.1f} {task.unit}/s, "
             f"{record['seconds']:.1f} s" + (" (best)" if improved else "")
         )
         distributed.barrier(ranks)
     if not ranks.main:
         return {}
     return _finish(task, model, items, args, history, out)
-
-
-def _save_checkpoints(out: Path, checkpoint: dict[str, Any], improved: bool) -> None:
-    """Write ``best.pt`` (when the epoch improved) and then ``last.pt``, each atomically.
-
-    ``best.pt`` goes first: a crash between the two leaves ``last.pt`` at the previous epoch,
-    and the resumed run redoes this epoch exactly and writes both again.
-    """
-    data = encode_checkpoint(checkpoint)
-    if improved:
-        write_checkpoint(out / "best.pt", data)
-    write_checkpoint(out / "last.pt", data)
 
 
 def _finish(
@@ -453,13 +286,13 @@ def _finish(
         best = load_checkpoint(out / "best.pt", args.device)
         model.load_state_dict(best["model"])
         summary.update(best_epoch=best["epoch"], dev=best["dev"])
-    summary["test"] = _evaluate(task, model, "test")
+    summary["test"] = evaluate(task, model, "test")
     rates = [record["items_per_s"] for record in history]
     summary["train_items_per_s"] = sum(rates) / len(rates) if rates else None
     summary["unit"] = task.unit
     summary["throughput"] = throughput
     (out / "test.json").write_text(json.dumps(summary, indent=2) + "\n")
-    _print_summary(summary, task.unit)
+    print_summary(summary, task.unit)
     _write_profile_and_report(task, model, items, args, out)
     return summary
 
@@ -481,38 +314,3 @@ def _write_profile_and_report(
         if os.environ.get("BATCHFOLD_DEBUG"):
             raise
         print(f"batchfold: could not write the report: {err!r}", file=sys.stderr)
-
-
-def _print_summary(summary: dict[str, Any], unit: str) -> None:
-    if summary["best_epoch"] is not None:
-        print(f"best epoch {summary['best_epoch']}: {_format_metrics('dev', summary['dev'])}")
-    print(_format_metrics("test", summary["test"]))
-    if summary["train_items_per_s"] is not None:
-        print(f"training: {summary['train_items_per_s']:.1f} {unit}/s (mean over epochs)")
-    speed = summary["throughput"]
-    if speed is not None:
-        print(
-            f"forward+backward on {speed['items']} {unit}: batched {speed['batched_per_s']:.1f} "
-            f"{unit}/s, one at a time {speed['one_at_a_time_per_s']:.1f} {unit}/s, "
-            f"speedup {speed['speedup']:.1f}x"
-        )
-
-
-def evaluate_checkpoint(
-    task: Task, path: str | os.PathLike[str], split: str, device: str = "cpu"
-) -> dict[str, float]:
-    """The metrics of a saved checkpoint on one split.
-
-    Arguments:
-        task: the job, made with the checkpoint's options.
-        path: a ``best.pt`` or ``last.pt``.
-        split: ``"dev"`` or ``"test"``.
-        device: where the model runs.
-
-    Returns:
-        The task's metrics.
-    """
-    state = load_checkpoint(path, device)
-    model = task.build_model().to(device)
-    model.load_state_dict(state["model"])
-    return _evaluate(task, model, split)

@@ -1,0 +1,216 @@
+"""Running a ragged step: one packed call over nodes of different lengths (see
+:mod:`batchfold.ragged`).
+
+:func:`run_family` runs a family's op once on packed rows, ``[sum L, *rest]``: as it is for
+row-wise ops, as segment operations (``index_add`` over each node's rows) for reductions over
+the leading dimension, as one padded ``bmm`` or a scatter for block-diagonal products, and as
+one ``PackedSequence`` call for recurrent layers. :func:`expand_rows` lists the packed rows
+of a set of nodes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .graph import Signature
+from .opbase import call_one
+from .ops import zero_d_casts
+
+__all__ = ["expand_rows", "run_family"]
+
+Tensor = torch.Tensor
+
+
+def expand_rows(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The row indices ``starts[i] .. starts[i] + lengths[i] - 1`` of every i, in order."""
+    total = int(lengths.sum())
+    before = np.cumsum(lengths) - lengths
+    return np.repeat(starts - before, lengths) + np.arange(total, dtype=np.int64)
+
+
+def run_family(
+    sig: Signature,
+    inputs: list[Tensor],
+    lengths: np.ndarray,
+    sizes: dict[int, np.ndarray] | None = None,
+) -> tuple[Tensor, ...]:
+    """One packed call of ``sig``'s family over nodes of ``lengths`` rows each.
+
+    Ragged inputs are packed ``[sum L, *rest]``, the others ``[n, *shape]``; ragged outputs
+    come back packed, the others ``[n, *shape]``. ``sizes`` holds each node's length in the
+    family's secondary inputs.
+    """
+    family = sig.family
+    assert family is not None
+    kind, n = family.kind, len(lengths)
+    if kind == "macro":
+        return family.replay(inputs, lengths)
+    segment = torch.from_numpy(np.repeat(np.arange(n, dtype=np.int64), lengths))
+    segment = segment.to(inputs[0].device)
+    if kind == "rows":
+        out = call_one(sig, inputs)
+    elif kind == "elementwise":
+        rank = max(len(m.shape) for m in sig.in_metas)
+        args = list(inputs)
+        for i, dtype in zero_d_casts(sig):
+            args[i] = args[i].to(dtype)
+        for i, ragged in enumerate(family.ragged_in):
+            if not ragged:  # one value per node: repeated for its rows, lined up on the right
+                x = args[i].index_select(0, segment)
+                args[i] = x.reshape(len(x), *(1,) * (rank - x.dim()), *x.shape[1:])
+        out = call_one(sig, args)
+    elif kind == "mv":
+        rows, vector = inputs
+        out = (rows * vector.index_select(0, segment)).sum(-1)
+    elif kind == "weighted":
+        weights, rows = inputs
+        out = _segment_sum(weights.unsqueeze(-1) * rows, segment, n)
+    elif kind == "blockdiag":
+        out = _block_diagonal(inputs[0], inputs[1], lengths)
+    elif kind == "rnn":
+        return _packed_rnn(sig, inputs, lengths)
+    elif kind.startswith("cross_entropy"):
+        logits, target = inputs
+        ignore = sig.template[1].get("ignore_index", -100)
+        rows = F.cross_entropy(logits, target, reduction="none", ignore_index=ignore)
+        out = _segment_sum(rows, segment, n)
+        if kind == "cross_entropy_mean":
+            counted = (target != ignore).to(rows.dtype)
+            out = out / _segment_sum(counted, segment, n)
+    elif kind == "index_rows":
+        assert sizes is not None
+        rows, index = inputs
+        index = _global_index(sig, index, segment, sizes[0], allow_negative=True)
+        out = rows.index_select(0, index)
+    elif kind == "index_add":
+        assert sizes is not None
+        target, index, source = inputs
+        owner = np.repeat(np.arange(n, dtype=np.int64), sizes[1])
+        owner_t = torch.from_numpy(owner).to(index.device)
+        index = _global_index(sig, index, owner_t, lengths, allow_negative=False)
+        out = target.index_add(0, index, source)
+    else:
+        out = _segment_reduce(kind, inputs[0], segment, lengths)
+    return tuple(out) if sig.multi else (out,)
+
+
+def _global_index(
+    sig: Signature, index: Tensor, owner: Tensor, rows: np.ndarray, allow_negative: bool
+) -> Tensor:
+    """Per-instance row indices as indices into the packed rows; out of range is an error."""
+    count = torch.from_numpy(rows).to(index.device).index_select(0, owner)
+    low = -count if allow_negative else torch.zeros_like(count)
+    bad = (index < low) | (index >= count)
+    if len(index) and bool(bad.any()):
+        k = int(bad.nonzero()[0, 0])
+        raise IndexError(
+            f"{sig.name} at {sig.site}: index {int(index[k])} is out of range for an instance "
+            f"with {int(count[k])} rows (as eager PyTorch refuses it)"
+        )
+    start = torch.from_numpy(np.cumsum(rows) - rows).to(index.device).index_select(0, owner)
+    return torch.where(index < 0, index + count, index) + start
+
+
+def _block_diagonal(blocks: Tensor, rows: Tensor, lengths: np.ndarray) -> Tensor:
+    """``A_i @ B_i`` for every node: ``blocks`` holds each ``A_i`` ``[L, L]`` flat, ``rows``
+    each ``B_i`` packed.
+
+    As one ``bmm`` with every ``A_i`` and ``B_i`` padded to the longest, unless that takes
+    more memory than scaling one row of ``B_i`` by each entry of ``A_i`` (when one instance
+    is far longer than the rest): the padded form runs several times faster, backward
+    included, on molecule-sized blocks.
+    """
+    squares = lengths * lengths
+    n, longest = len(lengths), int(lengths.max(initial=0))
+    width = math.prod(rows.shape[1:])
+    within = np.arange(int(squares.sum()), dtype=np.int64) - np.repeat(
+        np.cumsum(squares) - squares, squares
+    )
+    side = np.maximum(np.repeat(lengths, squares), 1)
+    row, column = within // side, within % side
+    if n * longest * (longest + 2 * width) <= len(within) * (width + 2):
+        starts = np.arange(n, dtype=np.int64) * longest
+        at = np.repeat(starts * longest, squares) + row * longest + column
+        padded = blocks.new_zeros(n * longest * longest)
+        padded = padded.index_copy(0, torch.from_numpy(at).to(rows.device), blocks)
+        offsets = np.cumsum(lengths) - lengths
+        slots = np.repeat(starts - offsets, lengths) + np.arange(len(rows), dtype=np.int64)
+        slots_t = torch.from_numpy(slots).to(rows.device)
+        flat = rows.reshape(len(rows), width)
+        others = flat.new_zeros(n * longest, width).index_copy(0, slots_t, flat)
+        product = torch.bmm(padded.view(n, longest, longest), others.view(n, longest, width))
+        return product.view(n * longest, width).index_select(0, slots_t).view(rows.shape)
+    base = np.repeat(np.cumsum(lengths) - lengths, squares)
+    target = torch.from_numpy(base + row).to(rows.device)
+    source = torch.from_numpy(base + column).to(rows.device)
+    picked = rows.index_select(0, source)
+    weight = blocks.view(-1, *(1,) * (rows.dim() - 1))
+    return rows.new_zeros(rows.shape).index_add(0, target, weight * picked)
+
+
+def _packed_rnn(sig: Signature, inputs: list[Tensor], lengths: np.ndarray) -> tuple[Tensor, ...]:
+    """A recurrent layer over sequences of different lengths as one ``PackedSequence`` call."""
+    args = sig.template[0]
+    order = np.argsort(-lengths, kind="stable")  # longest first, as packed sequences want
+    batch_sizes = (lengths[order][None, :] > np.arange(int(lengths.max()))[:, None]).sum(1)
+    starts = np.cumsum(lengths) - lengths
+    within = np.arange(int(lengths.sum())) - np.repeat(
+        np.cumsum(batch_sizes) - batch_sizes, batch_sizes
+    )
+    time = np.repeat(np.arange(len(batch_sizes)), batch_sizes)
+    rows = torch.from_numpy(starts[order][within] + time).to(inputs[0].device)
+    data = inputs[0].squeeze(1).index_select(0, rows)
+    device_order = torch.from_numpy(order).to(data.device)
+    states = [h.squeeze(2).transpose(0, 1).index_select(1, device_order) for h in inputs[1:]]
+    hx: Any = tuple(states) if type(args[1]) in (tuple, list) else states[0]
+    out, *final = sig.func(
+        data, torch.from_numpy(batch_sizes), hx, args[2], *args[3:8]
+    )  # the packed form: (data, batch_sizes, hx, params, bias, layers, dropout, train, bidir)
+    unsort = torch.from_numpy(np.argsort(order)).to(data.device)
+    packed = out.index_select(0, torch.from_numpy(np.argsort(rows.cpu().numpy())).to(data.device))
+    return (
+        packed.unsqueeze(1),
+        *(h.index_select(1, unsort).transpose(0, 1).unsqueeze(2) for h in final),
+    )
+
+
+def _segment_sum(x: Tensor, segment: Tensor, n: int) -> Tensor:
+    return x.new_zeros((n, *x.shape[1:])).index_add(0, segment, x)
+
+
+def _segment_max(x: Tensor, segment: Tensor, n: int) -> Tensor:
+    index = segment.view(-1, *(1,) * (x.dim() - 1)).expand_as(x)
+    empty = x.new_full((n, *x.shape[1:]), float("-inf"))
+    return empty.scatter_reduce(0, index, x, "amax", include_self=False)
+
+
+def _segment_reduce(kind: str, x: Tensor, segment: Tensor, lengths: np.ndarray) -> Tensor:
+    n = len(lengths)
+    if kind == "sum_all" or kind == "mean_all":
+        per_row = x.reshape(len(x), -1).sum(1)
+        total = _segment_sum(per_row, segment, n)
+        if kind == "sum_all":
+            return total
+        count = torch.from_numpy(lengths * (x[0].numel() if len(x) else 0)).to(x.device, x.dtype)
+        return total / count
+    if kind == "sum":
+        return _segment_sum(x, segment, n)
+    if kind == "mean":
+        count = torch.from_numpy(lengths).to(x.device, x.dtype)
+        return _segment_sum(x, segment, n) / count.view(-1, *(1,) * (x.dim() - 1))
+    if kind == "amax":
+        return _segment_max(x, segment, n)
+    top = _segment_max(x.detach(), segment, n)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    shifted = x - top.index_select(0, segment)
+    total = _segment_sum(shifted.exp(), segment, n)
+    if kind == "logsumexp":
+        return total.log() + top
+    if kind == "softmax":
+        return shifted.exp() / total.index_select(0, segment)
+    return shifted - total.log().index_select(0, segment)  # log_softmax
