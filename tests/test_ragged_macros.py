@@ -231,6 +231,15 @@ def test_a_later_batch_map_reuses_the_confirmed_trace_while_the_module_is_unchan
     assert _check(model, fn, xs).module_calls_cached == 0
 
 
+def test_a_module_with_an_lstm_is_reused_by_a_later_batch_map() -> None:
+    forget()
+    model = Encoder().double()  # nn.LSTM remakes its weak references to its weights per call
+    fn = lambda x: model(torch.as_tensor(x))[1]  # noqa: E731
+    xs = _sequences(seed=8)
+    assert _check(model, fn, xs).module_calls_traced == 2
+    assert _check(model, fn, xs).module_calls_traced == 0
+
+
 class Transposed(nn.Module):
     """Reads ``W.t()``, made once from a parameter: a tensor a kept trace must not hold."""
 

@@ -4,8 +4,8 @@ A module call of several ops confirmed in one ``batch_map`` (two traces that agr
 confirmed in a later one without tracing it again when the module is in the same state
 (:func:`snapshot`): the same module objects (of the same types) with the same parameter and
 buffer tensors (same objects, shapes, dtypes, devices, ``requires_grad``), the same attributes
-(numbers, strings, dtypes and the like by value; functions by identity; lists, tuples and
-dicts of those item by item), no hooks, and the same default dtype and autocast state. A
+(numbers, strings, dtypes and the like by value; functions by identity; weak references by
+their referents; lists, tuples and dicts of those item by item), no hooks, and the same default dtype and autocast state. A
 module holding any other kind of object (a config object, a mutable user type) is never kept.
 
 A trace is kept only when nothing it depends on can change unseen (see :func:`keep`): every
@@ -45,7 +45,6 @@ _BY_IDENTITY = (
     types.BuiltinFunctionType,
     types.MethodType,
     type,
-    weakref.ReferenceType,
 )
 # a module's own bookkeeping: parameters, buffers and submodules are compared apart, hooks
 # make a module unkeepable, state-dict hooks do not change its calls
@@ -100,6 +99,9 @@ def _snap(value: Any, depth: int = 0) -> Any:
         return ("tensor", _ref(value), value.shape, value.dtype, value.device, value.requires_grad)
     if isinstance(value, _BY_IDENTITY):
         return ("is", _ref(value))
+    if kind is weakref.ReferenceType:  # nn.LSTM's _flat_weight_refs: remade, same referents
+        target = value()
+        return ("ref", None if target is None else _ref(target))
     if depth < 3 and kind in (tuple, list):
         items = [_snap(v, depth + 1) for v in value]
         return _MISSING if _MISSING in items else ("seq", kind, tuple(items))
@@ -126,6 +128,11 @@ def _same(snap: Any, value: Any) -> bool:
         )
     if tag == "is":
         return _deref(snap[1]) is value
+    if tag == "ref":
+        if type(value) is not weakref.ReferenceType:
+            return False
+        target = value()
+        return target is None if snap[1] is None else _deref(snap[1]) is target
     if tag == "set":
         return type(value) is snap[1] and value == snap[2]
     if type(value) is not snap[1] or len(value) != len(snap[2]):
