@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from greenlet import GreenletExit, getcurrent, greenlet
 
+_set_grad = torch._C._set_grad_enabled  # what torch.set_grad_enabled(b) does, without its object
 _PAUSED = object()  # what an instance's greenlet hands the driver when it waits for a value
 _EXIT_TRIES = 3
 _ABANDONED: list[Any] = []  # instances that would not exit: never resumed, never collected
@@ -41,7 +42,7 @@ class Driver:
         """Called by a read inside an instance: wait until the driver has run the graph."""
         grad = torch.is_grad_enabled()
         self.main.switch(_PAUSED)
-        torch.set_grad_enabled(grad)  # the driver and other instances may have changed it
+        _set_grad(grad)  # the driver and other instances may have changed it
 
     @property
     def in_instance(self) -> bool:
@@ -66,7 +67,7 @@ class Driver:
                 try:
                     out = worker.switch(fn, todo, results)
                 finally:
-                    torch.set_grad_enabled(grad)
+                    _set_grad(grad)
                 if worker.dead:
                     break
                 assert out is _PAUSED, "an instance switched greenlets outside batchfold"
@@ -103,7 +104,7 @@ class Driver:
                 _note_instance(error, index)
                 raise
             finally:
-                torch.set_grad_enabled(grad)
+                _set_grad(grad)
             results[index] = out
 
     def _end(self, paused: dict[int, Any], error: BaseException) -> None:
@@ -146,7 +147,7 @@ class Driver:
             paused.pop(index, None)  # the note was added inside (see _work)
             raise
         finally:
-            torch.set_grad_enabled(grad)
+            _set_grad(grad)
         if task.dead:
             paused.pop(index, None)
         else:
