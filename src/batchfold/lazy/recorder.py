@@ -16,13 +16,10 @@ from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_map
 
 from ..errors import (
     LAZY_AFTER_RUN,
-    DtypeError,
     LazyValueError,
-    ShapeError,
     UnsupportedOpError,
 )
 from ..execute import Executor
@@ -35,12 +32,13 @@ from .function import BatchedFunction
 from .inference import check_inputs, infer_outputs, lazy_metas, shared_tensors, template
 from .lengths import plain_lengths
 from .macros import ModuleCache
-from .semantics import VIEW_NAMES, in_place_form, is_random, refuse_unrecordable
+from .semantics import VIEW_NAMES, is_random, refuse_unrecordable
 from .sites import func_name, user_site, version
 from .sources import FACTORIES, SourceMaker
 from .sync import Driver
-from .tensor import Lazy, has_lazy
+from .tensor import Lazy, has_lazy, map_lazies
 from .traces import Trace
+from .writes import InPlaceWrites
 
 Tensor = torch.Tensor
 _grad_enabled = torch.is_grad_enabled
@@ -57,7 +55,7 @@ _IMMUTABLE = frozenset(
 )
 
 
-class Recorder(TorchFunctionMode):
+class Recorder(InPlaceWrites, TorchFunctionMode):
     """Records the PyTorch calls of one ``batch_map`` into a graph and runs it on demand."""
 
     def __init__(
@@ -336,119 +334,6 @@ class Recorder(TorchFunctionMode):
         sig.family, sig.length, sig.pool = family, length, family.rep
         return sig
 
-    # -- in-place writes -----------------------------------------------------------------------
-
-    def _mark_views(self, outs: Any, base: Any) -> None:
-        """Note that ``outs`` may share memory with ``base`` and with what ``base`` views."""
-        if type(base) is not Lazy:
-            return
-        above = base._view
-        chain = (weakref.ref(base), *above) if above else (weakref.ref(base),)
-        refs = []
-        for out in outs:
-            out._view = chain
-            refs.append(weakref.ref(out))
-        views_of = self._views_of
-        views_of.setdefault(base._vid, []).extend(refs)
-        for ancestor in above or ():
-            if (alive := ancestor()) is not None:
-                views_of.setdefault(alive._vid, []).extend(refs)
-
-    def write(
-        self, target: Lazy, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], what: str
-    ) -> Lazy:
-        """Record an in-place write into ``target`` as ``func``'s out-of-place result.
-
-        ``target`` (the same Python object) is rebound to the result, cast to its dtype as
-        eager in-place ops cast. A write that eager PyTorch would make visible through a view
-        (into a view of a live value, or into a value that has live views) is refused.
-        """
-        if target._rec is not self:
-            raise LazyValueError(LAZY_AFTER_RUN.format(what=what))
-        if self.trace is not None and target._vid < self.trace.start:
-            self.trace.refuse("writes in place into a tensor from outside the call")
-        self._check_aliases(target, what)
-        result = self.call(func, args, kwargs)
-        if type(result) is not Lazy:
-            raise UnsupportedOpError(f"{what} at {user_site()} does not give one tensor")
-        if result._meta.shape != target._meta.shape:
-            raise ShapeError(
-                f"{what} at {user_site()}: the result's shape {tuple(result.shape)} does not "
-                f"match the shape {tuple(target.shape)} of the tensor written in place"
-            )
-        if result.dtype != target.dtype:
-            if not torch.can_cast(result.dtype, target.dtype):
-                raise DtypeError(
-                    f"{what} at {user_site()}: result type {result.dtype} can't be cast to the "
-                    f"desired output type {target.dtype} (as in eager PyTorch)"
-                )
-            result = self.call(torch.Tensor.to, (result, target.dtype), {})
-        target._vid, target._meta = result._vid, result._meta
-        return target
-
-    def _check_aliases(self, target: Lazy, what: str) -> None:
-        if target._view and any(ref() is not None for ref in target._view):
-            raise UnsupportedOpError(
-                f"{what} at {user_site()} writes into a view of another lazy tensor. "
-                "Inside batch_map a write does not reach the tensor it views. Build the "
-                "new value out of place, e.g. x = torch.cat([x[:i], v, x[i + 1:]]), or "
-                "assign into the whole tensor: x[0, 1] = v instead of x[0][1] = v."
-            )
-        views = self._views_of.get(target._vid)
-        if views and any(ref() is not None for ref in views):
-            raise UnsupportedOpError(
-                f"{what} at {user_site()} changes a lazy tensor in place while a view of it "
-                "(from indexing, view, reshape, chunk, ...) is still in use; inside batch_map "
-                "that view would keep the old values. Take the view after the write, or write "
-                "out of place: x = x + 1 instead of x += 1."
-            )
-
-    def unsupported_in_place(self, name: str) -> UnsupportedOpError:
-        """The error for an in-place method with no out-of-place form to record."""
-        return UnsupportedOpError(
-            f"in-place {name} at {user_site()} has no out-of-place form to record; compute a "
-            "new tensor instead"
-        )
-
-    def _in_place_function(
-        self, func: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Any:
-        form = in_place_form(func, args, kwargs)
-        target = args[0] if args else None
-        if type(target) is not Lazy:
-            raise UnsupportedOpError(
-                f"{name} at {user_site()} writes per-instance values into a tensor from "
-                "outside batch_map; compute a new tensor instead, e.g. y = x + v"
-            )
-        if not form:
-            raise self.unsupported_in_place(name)
-        return self.write(target, form, args, kwargs, f"{name}()")
-
-    def _in_place_keyword(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """A call with ``inplace=True`` or ``out=``: a write into the lazy tensor named."""
-        name = func_name(func)
-        if kwargs.get("inplace") is True:
-            rest = {**kwargs, "inplace": False}
-            if args and type(args[0]) is Lazy:
-                return self.write(args[0], func, args, rest, f"{name}(..., inplace=True)")
-            if has_lazy(args, kwargs):
-                raise UnsupportedOpError(
-                    f"{name}(..., inplace=True) at {user_site()} writes per-instance values "
-                    "into a tensor from outside batch_map; use inplace=False"
-                )
-            return func(*args, **kwargs)
-        out = kwargs["out"]
-        rest = {k: v for k, v in kwargs.items() if k != "out"}
-        if type(out) is Lazy:
-            return self.write(out, func, args, rest, f"{name}(..., out=...)")
-        if has_lazy(args, kwargs):
-            raise UnsupportedOpError(
-                f"{name}(..., out=...) at {user_site()}: out= must be a lazy tensor made "
-                "inside the function to take per-instance values; write y = "
-                f"torch.{name}(...) instead"
-            )
-        return func(*args, **kwargs)
-
     # -- running -------------------------------------------------------------------------------
 
     def flush(self) -> None:
@@ -511,23 +396,10 @@ class Recorder(TorchFunctionMode):
         returning many values stays cheap in the backward pass too.
         """
         lazies: list[Lazy] = []
-        _map_lazies(lambda x: lazies.append(x), result)
+        map_lazies(lambda x: lazies.append(x), result)
         if not lazies:
             return result
         with torch.enable_grad():  # as in flush: a value keeps the history it was made with
             values = self.store.values([x._vid for x in lazies])
         tensors = dict(zip(map(id, lazies), values, strict=True))
-        return _map_lazies(lambda x: tensors[id(x)], result)
-
-
-def _map_lazies(fn: Any, obj: Any) -> Any:
-    """``obj`` with ``fn`` applied to each lazy value in it: plain lists, tuples and dicts
-    walked here (the common results, fast), other containers by ``tree_map``."""
-    kind = type(obj)
-    if kind is Lazy:
-        return fn(obj)
-    if kind is list or kind is tuple:
-        return kind([_map_lazies(fn, x) for x in obj])
-    if kind is dict:
-        return {k: _map_lazies(fn, v) for k, v in obj.items()}
-    return tree_map(lambda x: fn(x) if type(x) is Lazy else x, obj)
+        return map_lazies(lambda x: tensors[id(x)], result)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_leaves, tree_map
 
 from ..graph import TensorMeta
 from .lengths import TracedShape, traced_size
@@ -354,3 +354,16 @@ def _build(structure: Any, outs: Any) -> Any:
         return next(outs)
     kind, parts = structure
     return kind(_build(p, outs) for p in parts)
+
+
+def map_lazies(fn: Any, obj: Any) -> Any:
+    """``obj`` with ``fn`` applied to each lazy value in it: plain lists, tuples and dicts
+    walked here (the common results, fast), other containers by ``tree_map``."""
+    kind = type(obj)
+    if kind is Lazy:
+        return fn(obj)
+    if kind is list or kind is tuple:
+        return kind([map_lazies(fn, x) for x in obj])
+    if kind is dict:
+        return {k: map_lazies(fn, v) for k, v in obj.items()}
+    return tree_map(lambda x: fn(x) if type(x) is Lazy else x, obj)
