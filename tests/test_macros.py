@@ -226,6 +226,30 @@ def test_a_call_that_draws_random_numbers_draws_the_same_in_every_batch_map(
         assert all(torch.equal(a, b) for a, b in zip(runs[0], out, strict=True))
 
 
+def test_a_kept_call_follows_grad_mode_and_dtype() -> None:
+    forget()
+    model = TreeModel()
+    trees = [((1, 2), 3), (4, (5, 6)), ((7, 8), (9, 10))]
+    first = assert_matches_eager(model, trees, model)  # type: ignore[arg-type]
+    with torch.no_grad():  # another grad mode: another key, traced, no history
+        outs = bf.batch_map(model, trees)  # type: ignore[arg-type]
+        want = [model(t) for t in trees]
+    for got, eager in zip(flat_tensors(outs), flat_tensors(want), strict=True):
+        assert not got.requires_grad
+        torch.testing.assert_close(got, eager, rtol=1e-10, atol=1e-10)
+    again = assert_matches_eager(model, trees, model)  # type: ignore[arg-type]
+    assert again.module_calls_traced < first.module_calls_traced  # kept under grad
+    head = nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2))
+    weight: torch.Tensor = head[0].weight  # type: ignore[assignment]
+    fn = lambda x: head(torch.tensor(x, dtype=weight.dtype))  # noqa: E731
+    xs = [[float(i), 1.0, -2.0, 0.5] for i in range(5)]
+    assert_matches_eager(fn, xs, head)
+    assert assert_matches_eager(fn, xs, head).module_calls_traced == 0  # kept
+    head.float()  # the same parameter objects, another dtype: traced again
+    assert weight.dtype == torch.float32
+    assert assert_matches_eager(fn, xs, head, rtol=1e-5).module_calls_traced == 2
+
+
 class Scaled(nn.Module):
     """Several ops, reading a buffer's value into Python and calling a function attribute."""
 

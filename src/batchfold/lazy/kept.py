@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .semantics import is_random
+from .semantics import is_random, own_hooks
 
 Tensor = torch.Tensor
 MAX_KEPT = 256
@@ -71,12 +71,6 @@ _KEPT: weakref.WeakKeyDictionary[nn.Module, dict[Any, tuple[Any, ...]]] = (
     weakref.WeakKeyDictionary()
 )
 _LOCK = threading.Lock()
-
-
-def _hooked(m: nn.Module) -> bool:
-    return bool(
-        m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
-    )
 
 
 def _ref(obj: Any) -> Any:
@@ -157,7 +151,7 @@ def snapshot(module: nn.Module) -> tuple[Any, ...] | None:
     module cannot be kept (hooks, or an attribute of a kind not compared)."""
     parts = []
     for m in module.modules():
-        if _hooked(m):
+        if own_hooks(m):
             return None
         attributes = []
         for name, value in m.__dict__.items():
@@ -183,7 +177,7 @@ def unchanged(state: tuple[Any, ...], module: nn.Module) -> bool:
     if len(modules) != len(parts):
         return False
     for m, (held, kind, attributes, tensors) in zip(modules, parts, strict=True):
-        if held() is not m or type(m) is not kind or _hooked(m):
+        if held() is not m or type(m) is not kind or own_hooks(m):
             return False
         names = [name for name in m.__dict__ if name not in _SKIP]
         if names != [name for name, _ in attributes]:

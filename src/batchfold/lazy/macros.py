@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.nn.modules import module as _TORCH_MODULE
 
-from ..graph import OUT_BITS, Signature
+from ..graph import OUT_BITS, Signature, TensorMeta
 from ..ops import OpRule
 from .context import active_recorder
 from .inference import template
@@ -33,11 +33,10 @@ from .ragged_macros import (
     RaggedMacro,
     RaggedTemplate,
     call_ragged,
-    own_hooks,
     ragged_key,
 )
-from .semantics import grad_mode
-from .sites import user_site, version
+from .semantics import grad_mode, own_hooks
+from .sites import user_site
 from .tensor import Lazy, build, has_lazy
 from .traces import Template, Trace
 
@@ -116,8 +115,7 @@ class ModuleCache:
             if type(a) is not Lazy or a._rec is not rec:
                 return MISSED
             meta = a._meta
-            rank = len(meta.shape)
-            if rec.ragged and (rank >= 2 or (rank == 1 and meta.dtype in _INDEX_DTYPES)):
+            if rec.ragged and _is_sequence(meta):
                 return MISSED
             metas.append(meta)
             inputs.append(a._vid)
@@ -182,7 +180,7 @@ class ModuleCache:
                 entry.read = None
             if getattr(module, _OFF, False):
                 entry.reason = "switched off with no_cache"
-            elif _has_hooks(module):
+            elif any(own_hooks(m) for m in module.modules()):
                 entry.reason = "it or a submodule has hooks"
         return entry
 
@@ -276,8 +274,7 @@ class ModuleCache:
             multi=None if found.structure is None else tuple,
             site=user_site(),
         )
-        # versions as of now: a template kept from an earlier batch_map saw older ones
-        sig.shared = tuple((t, version(t)) for op, _, _ in found.ops for t, _ in op.shared)
+        sig.shared = found.shared_now()
         return sig
 
     def _add(self, entry: _Entry, inputs: list[int]) -> Any:
@@ -314,6 +311,12 @@ SEQUENCES = "takes sequences whose leading dims differ, or are 0: recorded op by
 _INDEX_DTYPES = frozenset([torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8])
 
 
+def _is_sequence(meta: TensorMeta) -> bool:
+    """A sequence (2 or more dims) or a vector of integers (a sentence's word ids)."""
+    rank = len(meta.shape)
+    return rank >= 2 or (rank == 1 and meta.dtype in _INDEX_DTYPES)
+
+
 def _takes_sequences(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """Whether a call gets a lazy tensor of 2 or more dims (a sequence, say), or a vector of
     integers (a sentence's word ids)."""
@@ -324,9 +327,7 @@ def _any_sequence(items: Any) -> bool:
     for item in items:
         kind = type(item)
         if kind is Lazy:
-            meta = item._meta
-            rank = len(meta.shape)
-            found = rank >= 2 or (rank == 1 and meta.dtype in _INDEX_DTYPES)
+            found = _is_sequence(item._meta)
         elif kind is tuple or kind is list or kind is dict:
             found = _any_sequence(item.values() if kind is dict else item)
         else:
@@ -334,13 +335,6 @@ def _any_sequence(items: Any) -> bool:
         if found:
             return True
     return False
-
-
-def _has_hooks(module: nn.Module) -> bool:
-    return any(
-        m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
-        for m in module.modules()
-    )
 
 
 def _global_hooks() -> bool:

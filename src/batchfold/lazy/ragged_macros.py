@@ -14,24 +14,23 @@ rule.
 
 from __future__ import annotations
 
-import copy
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from ..execute import Fallbacks, run_op, run_ragged, sources_batch
-from ..graph import Graph, Signature, Slot, TensorMeta
+from ..execute import run_op, run_ragged, sources_batch
+from ..graph import Graph, Signature, TensorMeta
 from ..ops import OpRule
 from ..ragged import Family, family_key, generic_pattern, ragged_meta
 from .inference import lazy_metas, template
-from .kept import draws_random, keep, kept
-from .lengths import Guard, guards_hold
-from .semantics import grad_mode
-from .sites import user_site, version
+from .kept import keep, kept
+from .lengths import guards_hold
+from .semantics import grad_mode, own_hooks
+from .sites import user_site
 from .tensor import Lazy, build
-from .traces import Template, reads_fit, same_ops, same_payload
+from .traces import Template, reads_fit, same_ops
 
 if TYPE_CHECKING:
     from .macros import ModuleCache
@@ -41,20 +40,6 @@ Tensor = torch.Tensor
 ORIGINAL_CALL = nn.Module.__call__
 RAGGED = "ragged call"
 GUARDED = "a comparison on the length of its ragged inputs answers otherwise: recorded op by op"
-# ragged calls confirmed in this process: key -> fingerprint (see call_ragged)
-_CONFIRMED: dict[Any, tuple[tuple[Any, ...], list[Any]]] = {}
-_MAX_CONFIRMED = 4096
-
-
-def own_hooks(module: nn.Module) -> bool:
-    """Whether ``module`` itself has hooks (a call's cache entry checks its submodules once,
-    when it is made)."""
-    return bool(
-        module._forward_hooks
-        or module._forward_pre_hooks
-        or module._backward_hooks
-        or module._backward_pre_hooks
-    )
 
 
 def ragged_key(
@@ -155,72 +140,32 @@ def call_ragged(
         entry.reason = found
     elif entry.ragged is None:
         entry.ragged, entry.length, entry.guards = found, length, trace.guards
-        # a call that draws random numbers is traced twice in each batch_map (see kept.keep)
-        earlier = None if draws_random(found.ops) else _CONFIRMED.get(key)
-        if _same_print(earlier, found.fingerprint(trace.guards)):
-            entry.macro = RaggedMacro(cache.rec.graph, module, found, (args, kwargs), flags)
-            keep(
-                key,
-                module,
-                found.ops,
-                entry.macro.shared,
-                entry.read,
-                (found, trace.guards, length),
-            )
     elif not found.same_as(entry.ragged) or trace.guards != entry.guards:
         entry.reason = "records different ops for inputs of different lengths"
     elif length != entry.length:  # confirmed by two lengths
         entry.macro = RaggedMacro(cache.rec.graph, module, found, (args, kwargs), flags)
         keep(key, module, found.ops, entry.macro.shared, entry.read, (found, trace.guards, length))
-        if len(_CONFIRMED) >= _MAX_CONFIRMED:
-            _CONFIRMED.clear()
-        _CONFIRMED[key] = found.fingerprint(trace.guards)
     if entry.reason is not None:
         cache.misses[f"{name}: {entry.reason}"] += 1
     return result
 
 
-class RaggedTemplate:
+class RaggedTemplate(Template):
     """A traced call's ops, which of them run on packed rows, and which outputs are ragged."""
 
     def __init__(
         self, found: Template, op_ragged: list[bool], ragged_out: tuple[bool, ...]
     ) -> None:
-        self.ops, self.outputs, self.structure = found.ops, found.outputs, found.structure
-        self.fallbacks: Fallbacks = found.fallbacks
+        super().__init__(found.ops, found.outputs, found.structure, found.fallbacks)
         self.op_ragged, self.ragged_out = op_ragged, ragged_out
 
-    def for_store(self, fallbacks: Fallbacks) -> RaggedTemplate:
-        """This template counting its fallback ops in another recorder's ``fallbacks``."""
-        made = copy.copy(self)
-        made.fallbacks = fallbacks
-        return made
-
-    def same_as(self, other: RaggedTemplate) -> bool:
+    def same_as(self, other: Template) -> bool:
         """Whether two traces (of any lengths) recorded the same ops on the same values."""
-        return self.op_ragged == other.op_ragged and same_ops(self, other, self.op_ragged)
-
-    def fingerprint(self, guards: list[Guard]) -> tuple[tuple[Any, ...], list[Any]]:
-        """The ops, as one recorder's signatures would be compared by another's: the call's
-        structure with shared tensors by identity, and the constants it made."""
-        ops, constants = [], []
-        for (sig, refs, payload), ragged in zip(self.ops, self.op_ragged, strict=True):
-            if not sig.in_metas:
-                constants.append(payload)
-                ops.append(("constant", sig.out_metas, refs))
-                continue
-            family = sig.family
-            if ragged:
-                metas = tuple(
-                    ragged_meta(m) if r else m
-                    for m, r in zip(sig.in_metas, family.ragged_in, strict=True)
-                )
-                what: Any = (family.kind, family.ragged_in, family.ragged_out, metas)
-            else:
-                what = (sig.in_metas, sig.out_metas)
-            ops.append((sig.func, what, _plain(sig.template), sig.grad, refs))
-        shape = (self.outputs, self.structure, self.op_ragged, self.ragged_out, tuple(guards))
-        return (tuple(ops), shape), constants
+        return (
+            isinstance(other, RaggedTemplate)
+            and self.op_ragged == other.op_ragged
+            and same_ops(self, other, self.op_ragged)
+        )
 
     def replay_packed(self, inputs: list[Tensor], lengths: np.ndarray) -> tuple[Tensor, ...]:
         """Run the ops on ragged inputs packed ``[sum L, ...]``, fixed ones ``[n, ...]``."""
@@ -236,26 +181,6 @@ class RaggedTemplate:
             else:
                 values.append(run_op(op, args, n, self.fallbacks))
         return tuple(values[j][o] for _, j, o in self.outputs)
-
-
-def _plain(template: Any) -> Any:
-    """A template's arguments with shared tensors as their identities (comparable with ==)."""
-    kind = type(template)
-    if kind is tuple or kind is list:
-        return (kind, *(_plain(item) for item in template))
-    if kind is dict:
-        return (dict, *((name, _plain(item)) for name, item in template.items()))
-    if isinstance(template, Tensor):
-        return ("tensor", id(template))
-    if kind is Slot:
-        return ("slot", template.index)
-    return template
-
-
-def _same_print(a: tuple[Any, list[Any]] | None, b: tuple[Any, list[Any]]) -> bool:
-    if a is None or a[0] != b[0] or len(a[1]) != len(b[1]):
-        return False
-    return all(same_payload(x, y) for x, y in zip(a[1], b[1], strict=True))
 
 
 def ragged_template(found: Template, flags: tuple[int, ...], length: int) -> RaggedTemplate | str:
@@ -306,8 +231,7 @@ class RaggedMacro:
         self.name = type(module).__name__
         self.call_template = (template(call[0], []), template(call[1], []))
         self.site = user_site()
-        # versions as of now: a template kept from an earlier batch_map saw older ones
-        self.shared = tuple((t, version(t)) for op, _, _ in found.ops for t, _ in op.shared)
+        self.shared = found.shared_now()
         self.outs = tuple(found.ops[j][0].out_metas[o] for _, j, o in found.outputs)
         self.ragged_in = tuple(f > 0 for f in flags)
         self.square = flags.index(2) if 2 in flags else -1

@@ -131,6 +131,16 @@ def in_place_form(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> A
     return getattr(torch.Tensor, stem, None) or False
 
 
+def own_hooks(module: torch.nn.Module) -> bool:
+    """Whether ``module`` itself has forward or backward hooks (or pre-hooks)."""
+    return bool(
+        module._forward_hooks
+        or module._forward_pre_hooks
+        or module._backward_hooks
+        or module._backward_pre_hooks
+    )
+
+
 def grad_mode() -> int:
     """The grad mode calls are recorded in: 0 no grad, 1 grad, 2 inference mode."""
     if torch.is_inference_mode_enabled():

@@ -17,6 +17,7 @@ from ..execute import Fallbacks, run_op, sources_batch
 from ..graph import Signature
 from .lengths import Guard
 from .semantics import VIEW_NAMES
+from .sites import version
 from .tensor import Lazy, flatten_lazies
 
 Tensor = torch.Tensor
@@ -122,6 +123,11 @@ class Template:
         made = copy.copy(self)
         made.fallbacks = fallbacks
         return made
+
+    def shared_now(self) -> tuple[tuple[Tensor, int], ...]:
+        """The tensors from outside that the ops read, each with its version as of now (a
+        template kept from an earlier ``batch_map`` saw older ones)."""
+        return tuple((t, version(t)) for op, _, _ in self.ops for t, _ in op.shared)
 
     def same_as(self, other: Template) -> bool:
         """Whether two traces of one key recorded the same ops, reading the same values."""
