@@ -49,7 +49,7 @@ def run_family(
     assert family is not None
     kind, n = family.kind, len(lengths)
     if kind == "macro":
-        return family.replay(inputs, lengths)
+        return family.replay(inputs, lengths, sizes or {})
     segment = torch.from_numpy(np.repeat(np.arange(n, dtype=np.int64), lengths))
     segment = segment.to(inputs[0].device)
     if kind == "rows":

@@ -10,6 +10,11 @@ h.shape[0] < 1: raise``) records a *guard*, checked again on every later call, w
 recorded op by op when a guard's answer changes. Any other use (arithmetic, an index, a
 hash, a shape handed to a torch function, printing) refuses the cache for the call, which is
 then recorded op by op; the use itself gets the plain number, as eager code would.
+
+A call may take ragged inputs of several lengths (a molecule's ``[atoms, d]`` atoms and
+``[pairs, e]`` pairs): each distinct length is a *class*, numbered in the order the inputs
+show them, and a value's *flag* says which it is: :data:`FIXED`, rows of a class
+(:func:`rows_flag`), or :data:`SQUARE` (``[L, L]`` of class 0).
 """
 
 from __future__ import annotations
@@ -17,7 +22,20 @@ from __future__ import annotations
 import operator
 from typing import Any, Protocol
 
-Guard = tuple[str, Any, bool]  # (comparison, the number compared with, the answer)
+Guard = tuple[str, Any, bool, int]  # (comparison, the number compared with, answer, class)
+
+FIXED, ROWS, SQUARE = 0, 1, 2
+
+
+def rows_flag(cls: int) -> int:
+    """The flag of rows of length class ``cls``."""
+    return ROWS if cls == 0 else SQUARE + cls
+
+
+def class_of(flag: int) -> int:
+    """The length class of a ragged value's flag (not :data:`FIXED`)."""
+    return 0 if flag <= SQUARE else flag - SQUARE
+
 
 _COMPARE = {
     "__lt__": operator.lt,
@@ -42,12 +60,13 @@ USED = "uses the length of a ragged input in {how} (only comparisons with number
 
 
 class Length:
-    """The length of a traced call's ragged leading dim (see the module docstring)."""
+    """The length of a traced call's ragged leading dim, of one class (see the module
+    docstring)."""
 
-    __slots__ = ("value", "trace")
+    __slots__ = ("value", "trace", "cls")
 
-    def __init__(self, value: int, trace: Traced) -> None:
-        self.value, self.trace = value, trace
+    def __init__(self, value: int, trace: Traced, cls: int = 0) -> None:
+        self.value, self.trace, self.cls = value, trace, cls
 
     def used(self, how: str) -> int:
         """Refuse the cache for the traced call; the plain number."""
@@ -56,7 +75,7 @@ class Length:
 
     def __bool__(self) -> bool:
         answer = self.value != 0
-        self.trace.guards.append(("__ne__", 0, answer))
+        self.trace.guards.append(("__ne__", 0, answer, self.cls))
         return answer
 
 
@@ -67,9 +86,9 @@ def _comparison(name: str) -> Any:
         kind = type(other)
         if kind is int or kind is float:
             answer = compare(self.value, other)
-            self.trace.guards.append((name, other, answer))
+            self.trace.guards.append((name, other, answer, self.cls))
             return answer
-        if kind is Length:  # every ragged value of a call has its length: the same answer
+        if kind is Length and other.cls == self.cls:  # one class: the same answer for any length
             return compare(self.value, other.value)
         return compare(self.used(f"a comparison with {kind.__name__}"), other)
 
@@ -112,17 +131,20 @@ class TracedShape(tuple):
         return total
 
 
-def traced_size(size: tuple[int, ...], length: int, trace: Traced, flag: int) -> TracedShape:
-    """The shape of a ragged value in a traced call, its leading dim a :class:`Length` (both
-    dims for an ``[L, L]`` input: ``flag`` 2)."""
-    if flag == 2:
-        return TracedShape((Length(length, trace), Length(length, trace)))
-    return TracedShape((Length(length, trace), *size[1:]))
+def traced_size(
+    size: tuple[int, ...], lengths: tuple[int, ...], trace: Traced, flag: int
+) -> TracedShape:
+    """The shape of a ragged value in a traced call (``lengths``: each class's), its leading
+    dim a :class:`Length` (both dims for an ``[L, L]`` input)."""
+    if flag == SQUARE:
+        return TracedShape((Length(lengths[0], trace), Length(lengths[0], trace)))
+    cls = class_of(flag)
+    return TracedShape((Length(lengths[cls], trace, cls), *size[1:]))
 
 
-def guards_hold(guards: list[Guard], length: int) -> bool:
-    """Whether every guard of a trace gives the same answer for ``length``."""
-    return all(_COMPARE[name](length, other) == answer for name, other, answer in guards)
+def guards_hold(guards: list[Guard], lengths: tuple[int, ...]) -> bool:
+    """Whether every guard of a trace gives the same answer for a call of ``lengths``."""
+    return all(_COMPARE[name](lengths[cls], other) == answer for name, other, answer, cls in guards)
 
 
 def plain_lengths(tree: Any) -> Any:

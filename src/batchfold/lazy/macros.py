@@ -88,7 +88,7 @@ class _Entry:
         # a call on ragged inputs: its first trace, that trace's length and guards, and once
         # a trace of another length agrees, the macro that records its calls
         self.ragged: RaggedTemplate | None = None
-        self.length = 0
+        self.length: tuple[int, ...] = ()  # each length class's
         self.guards: list[Guard] = []
         self.macro: RaggedMacro | None = None
         # tensors from outside whose attributes its traces read; None if they read a value
@@ -198,14 +198,14 @@ class ModuleCache:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         inputs: list[int],
-        length: int | None = None,
+        lengths: tuple[int, ...] | None = None,
         flags: tuple[int, ...] = (),
     ) -> tuple[Trace, Any]:
         """Call the module, tracing the nodes it records."""
         rec = self.rec
         graph = rec.graph
         start = (graph.node_base + graph.pending) << OUT_BITS
-        trace = rec.trace = Trace(inputs, start, length, flags)
+        trace = rec.trace = Trace(inputs, start, lengths, flags)
         try:
             result = ORIGINAL_CALL(module, *args, **kwargs)
         finally:
@@ -305,7 +305,7 @@ def _arguments(entry: _Entry, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     return build(entry.template.structure, outs)
 
 
-SEQUENCES = "takes sequences whose leading dims differ, or are 0: recorded op by op"
+SEQUENCES = "takes sequences of which one has 0 rows: recorded op by op"
 
 
 _INDEX_DTYPES = frozenset([torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8])

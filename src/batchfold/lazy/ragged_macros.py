@@ -10,6 +10,13 @@ traces of *different* lengths that recorded the same ops, and guards on the leng
 ``"macro"`` family, so the calls of all lengths run as one packed step: the template's ops
 replayed on the packed rows, ragged ops by their ragged rule, fixed ops by their batched
 rule.
+
+The ragged inputs may have several lengths (a molecule's ``[atoms, d]`` atoms, its
+``[pairs, e]`` pairs and ``[pairs, 2]`` atom indices): each distinct length is a class (see
+:mod:`.lengths`), ops that pick rows of one class by indices of another (``index_select``,
+``x[i]``, ``index_add``) run on the packed rows with each instance's indices moved to its
+rows, and a node's lengths are all its classes'. Such a call is confirmed by two traces in
+which every length differs, and returns fixed values or rows of its first class.
 """
 
 from __future__ import annotations
@@ -23,10 +30,10 @@ from torch import nn
 from ..execute import run_op, run_ragged, sources_batch
 from ..graph import Graph, Signature, TensorMeta
 from ..ops import OpRule
-from ..ragged import Family, family_key, generic_pattern, ragged_meta
+from ..ragged import Family, family_key, ragged_meta
 from .inference import lazy_metas, template
 from .kept import keep, kept
-from .lengths import guards_hold
+from .lengths import FIXED, ROWS, SQUARE, class_of, guards_hold, rows_flag
 from .semantics import grad_mode, own_hooks
 from .sites import user_site
 from .tensor import Lazy, build
@@ -44,36 +51,66 @@ GUARDED = "a comparison on the length of its ragged inputs answers otherwise: re
 
 def ragged_key(
     cache: ModuleCache, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[Any, list[int], tuple[TensorMeta, ...], tuple[bool, ...], int, int] | None:
-    """The cache key of a call with the ragged inputs' length left out, its input value ids
-    and metas, which inputs are ragged (those of the highest rank), their length, and which
-    input is ``[L, L]`` (an adjacency; -1 if none).
+) -> tuple[Any, list[int], tuple[TensorMeta, ...], tuple[int, ...], tuple[int, ...]] | None:
+    """The cache key of a call with its ragged inputs' lengths left out, its input value ids
+    and metas, each input's flag (see :mod:`.lengths`) and each length class's length.
 
-    ``None`` when the inputs of the highest rank differ in length, or the length is 0.
+    The ragged inputs are those of the highest rank; each distinct leading dim among them is
+    a length class, numbered in input order (a molecule's atoms, then its pairs). An input
+    ``[L, L]`` of a call of one class is its adjacency. ``None`` when a length is 0.
     """
     metas: list[TensorMeta] = []
     lazy_metas(args, metas)
     positional = len(metas)
     if kwargs:
         lazy_metas(kwargs, metas)
-    found = generic_pattern(tuple(metas))
-    if found is None or found[1] == 0:
+    found = length_classes(tuple(metas))
+    if found is None:
         return None
-    ragged_in, length = found
-    squares = [i for i, m in enumerate(metas) if m.shape == (length, length)]
-    square = squares[0] if len(squares) == 1 else -1  # several: rows (their key holds L)
+    classes, lengths = found
+    square = -1
+    if len(lengths) == 1:
+        squares = [i for i, m in enumerate(metas) if m.shape == (lengths[0], lengths[0])]
+        square = squares[0] if len(squares) == 1 else -1  # several: rows (their key holds L)
+    ragged_in = tuple(c >= 0 for c in classes)
     inputs: list[int] = []
     rec = cache.rec
     parts = rec.args_key(args, inputs)
-    head = (RAGGED, id(module), module.training, grad_mode())
+    head = (RAGGED, id(module), module.training, grad_mode(), classes)
     kparts = rec.kwargs_key(kwargs, inputs) if kwargs else None
     key = _key(head, parts, kparts, metas, positional, ragged_in, square)
+    flags = tuple(FIXED if c < 0 else rows_flag(c) for c in classes)
     if square >= 0:  # [L, d] with d == L, say: the call of rows, if that is cached
         rows_key = _key(head, parts, kparts, metas, positional, ragged_in, -1)
         rows = cache.entries.get(rows_key)
         if rows is not None and rows.macro is not None:
-            return rows_key, inputs, tuple(metas), ragged_in, length, -1
-    return key, inputs, tuple(metas), ragged_in, length, square
+            return rows_key, inputs, tuple(metas), flags, lengths
+        flags = tuple(SQUARE if i == square else f for i, f in enumerate(flags))
+    return key, inputs, tuple(metas), flags, lengths
+
+
+def length_classes(
+    metas: tuple[TensorMeta, ...],
+) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """Each input's length class (-1: not ragged) and each class's length: the inputs of the
+    highest rank are ragged, one class per distinct leading dim. ``None`` if a length is 0
+    or no input has a dim."""
+    rank = max((len(m.shape) for m in metas), default=0)
+    if rank == 0:
+        return None
+    lengths: list[int] = []
+    classes = []
+    for m in metas:
+        if len(m.shape) != rank:
+            classes.append(-1)
+            continue
+        length = m.shape[0]
+        if length == 0:
+            return None
+        if length not in lengths:
+            lengths.append(length)
+        classes.append(lengths.index(length))
+    return tuple(classes), tuple(lengths)
 
 
 def _key(
@@ -104,120 +141,146 @@ def call_ragged(
     key: Any,
     inputs: list[int],
     metas: tuple[TensorMeta, ...],
-    ragged_in: tuple[bool, ...],
-    length: int,
-    square: int,
+    flags: tuple[int, ...],
+    lengths: tuple[int, ...],
 ) -> Any:
     """``module(*args, **kwargs)`` on ragged inputs (the rest of the arguments as
-    :func:`ragged_key` gave them): one node of its length once confirmed, else traced or
+    :func:`ragged_key` gave them): one node of its lengths once confirmed, else traced or
     recorded op by op."""
     entry = cache.entry_for(key, module)
     name = type(module).__name__
     if entry.macro is not None and not own_hooks(module):
-        if guards_hold(entry.guards, length):
+        if guards_hold(entry.guards, lengths):
             cache.hits += 1
-            return entry.macro.node(cache.rec, inputs, metas, length)
+            return entry.macro.node(cache.rec, inputs, metas, lengths)
         cache.misses[f"{name}: {GUARDED}"] += 1
         return ORIGINAL_CALL(module, *args, **kwargs)
     if entry.reason is not None or entry.macro is not None:
         cache.misses[f"{name}: {entry.reason or 'it has hooks'}"] += 1
         return ORIGINAL_CALL(module, *args, **kwargs)
-    flags = tuple(2 if i == square else int(r) for i, r in enumerate(ragged_in))
     if entry.ragged is None and (earlier := kept(key, module)) is not None:
-        found, guards, traced_length = earlier  # confirmed by an earlier batch_map
-        if guards_hold(guards, length):
-            entry.ragged, entry.length, entry.guards = found, traced_length, guards
+        found, guards, traced = earlier  # confirmed by an earlier batch_map
+        if guards_hold(guards, lengths):
+            entry.ragged, entry.length, entry.guards = found, traced, guards
             found = found.for_store(cache.rec.store.fallbacks)
             entry.macro = RaggedMacro(cache.rec.graph, module, found, (args, kwargs), flags)
             cache.hits += 1
-            return entry.macro.node(cache.rec, inputs, metas, length)
-    trace, result = cache.trace_call(module, args, kwargs, inputs, length, flags)
+            return entry.macro.node(cache.rec, inputs, metas, lengths)
+    trace, result = cache.trace_call(module, args, kwargs, inputs, lengths, flags)
     cache.note_reads(entry, trace)
     found: Any = trace.finish(result, cache.rec.store.fallbacks)
     if not isinstance(found, str):
-        found = ragged_template(found, flags, length)
+        found = ragged_template(found, flags, lengths)
     if isinstance(found, str):
         entry.reason = found
     elif entry.ragged is None:
-        entry.ragged, entry.length, entry.guards = found, length, trace.guards
+        entry.ragged, entry.length, entry.guards = found, lengths, trace.guards
     elif not found.same_as(entry.ragged) or trace.guards != entry.guards:
         entry.reason = "records different ops for inputs of different lengths"
-    elif length != entry.length:  # confirmed by two lengths
+    elif all(a != b for a, b in zip(lengths, entry.length, strict=True)):
+        # confirmed by two traces in which every length differs
         entry.macro = RaggedMacro(cache.rec.graph, module, found, (args, kwargs), flags)
-        keep(key, module, found.ops, entry.macro.shared, entry.read, (found, trace.guards, length))
+        keep(key, module, found.ops, entry.macro.shared, entry.read, (found, trace.guards, lengths))
     if entry.reason is not None:
         cache.misses[f"{name}: {entry.reason}"] += 1
     return result
 
 
 class RaggedTemplate(Template):
-    """A traced call's ops, which of them run on packed rows, and which outputs are ragged."""
+    """A traced call's ops, which of them run on packed rows, and which outputs are ragged.
+
+    ``op_ragged[j]`` is ``None`` for an op on fixed values, else the length class of its
+    node and of each secondary input (the rows an index reads or adds into).
+    ``class_input[c]`` is a call input of length class ``c``.
+    """
 
     def __init__(
-        self, found: Template, op_ragged: list[bool], ragged_out: tuple[bool, ...]
+        self,
+        found: Template,
+        op_ragged: list[tuple[int, tuple[tuple[int, int], ...]] | None],
+        ragged_out: tuple[bool, ...],
+        class_input: tuple[int, ...],
     ) -> None:
         super().__init__(found.ops, found.outputs, found.structure, found.fallbacks)
         self.op_ragged, self.ragged_out = op_ragged, ragged_out
+        self.class_input = class_input
 
     def same_as(self, other: Template) -> bool:
         """Whether two traces (of any lengths) recorded the same ops on the same values."""
         return (
             isinstance(other, RaggedTemplate)
             and self.op_ragged == other.op_ragged
-            and same_ops(self, other, self.op_ragged)
+            and same_ops(self, other, [r is not None for r in self.op_ragged])
         )
 
-    def replay_packed(self, inputs: list[Tensor], lengths: np.ndarray) -> tuple[Tensor, ...]:
-        """Run the ops on ragged inputs packed ``[sum L, ...]``, fixed ones ``[n, ...]``."""
+    def replay_packed(
+        self, inputs: list[Tensor], lengths: np.ndarray, sizes: dict[int, np.ndarray]
+    ) -> tuple[Tensor, ...]:
+        """Run the ops on ragged inputs packed ``[sum L, ...]``, fixed ones ``[n, ...]``:
+        ``lengths`` holds each node's length of class 0, ``sizes`` each node's length in
+        the inputs of other classes."""
         n = len(lengths)
+        of_class = [lengths, *(sizes[i] for i in self.class_input[1:])]
         values: list[tuple[Tensor, ...]] = []
         for (op, refs, payload), ragged in zip(self.ops, self.op_ragged, strict=True):
             if not op.in_metas:  # a constant the call made
                 values.append((sources_batch(op, [payload] * n),))
                 continue
             args = [inputs[r[1]] if r[0] == 0 else values[r[1]][r[2]] for r in refs]
-            if ragged:
-                values.append(run_ragged(op, args, {}, lengths))
+            if ragged is not None:
+                cls, secondary = ragged
+                op_sizes = {i: of_class[c] for i, c in secondary}
+                values.append(run_ragged(op, args, op_sizes, of_class[cls]))
             else:
                 values.append(run_op(op, args, n, self.fallbacks))
         return tuple(values[j][o] for _, j, o in self.outputs)
 
 
-def ragged_template(found: Template, flags: tuple[int, ...], length: int) -> RaggedTemplate | str:
+def ragged_template(
+    found: Template, flags: tuple[int, ...], lengths: tuple[int, ...]
+) -> RaggedTemplate | str:
     """``found`` as a template for every length, or why it cannot be one.
 
-    ``flags`` says of each call input: 0 fixed, 1 rows of the call's length, 2 ``[L, L]``.
+    ``flags`` says of each call input whether it is fixed, rows of a length class or the
+    ``[L, L]`` input (see :mod:`.lengths`); ``lengths`` gives each class's length.
     """
     made: list[tuple[int, ...]] = []
 
     def flag(ref: tuple[int, ...]) -> int:
         return flags[ref[1]] if ref[0] == 0 else made[ref[1]][ref[2]]
 
-    op_ragged = []
+    op_ragged: list[tuple[int, tuple[tuple[int, int], ...]] | None] = []
     for sig, refs, _ in found.ops:
         reads = tuple(flag(r) for r in refs)
         if not any(reads):
-            op_ragged.append(False)
-            made.append((0,) * len(sig.out_metas))
+            op_ragged.append(None)
+            made.append((FIXED,) * len(sig.out_metas))
             continue
         family = sig.family
         if family is None:
             return f"{sig.name} (at {sig.site}) has no ragged rule for its inputs"
-        if not reads_fit(sig, reads, length):
+        cls = reads_fit(sig, reads, lengths)
+        if cls is None:
             return (
-                f"{sig.name} (at {sig.site}) reads values of other lengths than the call's "
-                f"ragged inputs ({family.kind})"
+                f"{sig.name} (at {sig.site}) reads values of other lengths than its ragged "
+                f"rule ({family.kind}) takes"
             )
-        op_ragged.append(True)
-        made.append(tuple(int(r) for r in family.ragged_out))
+        secondary = tuple((i, class_of(reads[i])) for i in family.secondary)
+        op_ragged.append((cls, secondary))
+        made.append(tuple(rows_flag(cls) if r else FIXED for r in family.ragged_out))
     outs = tuple(flag(r) for r in found.outputs)
-    if 2 in outs:
+    if SQUARE in outs:
         return "returns its [L, L] input"
-    return RaggedTemplate(found, op_ragged, tuple(o == 1 for o in outs))
+    if any(o > SQUARE for o in outs):
+        return "returns rows of another length than its first ragged input's"
+    class_input = tuple(
+        next(i for i, f in enumerate(flags) if f and class_of(f) == c) for c in range(len(lengths))
+    )
+    return RaggedTemplate(found, op_ragged, tuple(o == ROWS for o in outs), class_input)
 
 
 class RaggedMacro:
-    """A confirmed ragged call: its family, and a member signature per length."""
+    """A confirmed ragged call: its family, and a member signature per set of lengths."""
 
     def __init__(
         self,
@@ -233,28 +296,34 @@ class RaggedMacro:
         self.site = user_site()
         self.shared = found.shared_now()
         self.outs = tuple(found.ops[j][0].out_metas[o] for _, j, o in found.outputs)
-        self.ragged_in = tuple(f > 0 for f in flags)
-        self.square = flags.index(2) if 2 in flags else -1
-        self.members: dict[int, Signature] = {}
+        self.flags = flags
+        self.ragged_in = tuple(f != FIXED for f in flags)
+        self.square = flags.index(SQUARE) if SQUARE in flags else -1
+        self.secondary = tuple(i for i, f in enumerate(flags) if f > SQUARE)
+        self.members: dict[tuple[int, ...], Signature] = {}
         self.family: Family | None = None
 
     def node(
-        self, rec: Recorder, inputs: list[int], in_metas: tuple[TensorMeta, ...], length: int
+        self,
+        rec: Recorder,
+        inputs: list[int],
+        in_metas: tuple[TensorMeta, ...],
+        lengths: tuple[int, ...],
     ) -> Any:
-        """Record one call of ``length`` as a node; its lazy output(s)."""
-        sig = self.members.get(length) or self._signature(in_metas, length)
+        """Record one call of ``lengths`` as a node; its lazy output(s)."""
+        sig = self.members.get(lengths) or self._signature(in_metas, lengths)
         first = self.graph.add(sig, inputs, rec.instance)
         outs = [Lazy(rec, first + o, meta) for o, meta in enumerate(sig.out_metas)]
         return build(self.found.structure, outs)
 
-    def _signature(self, in_metas: tuple[TensorMeta, ...], length: int) -> Signature:
-        found = self.found
+    def _signature(self, in_metas: tuple[TensorMeta, ...], lengths: tuple[int, ...]) -> Signature:
+        found, length = self.found, lengths[0]
         out_metas = tuple(
             TensorMeta.of((length, *m.shape[1:]), m.dtype, m.device) if r else m
             for m, r in zip(self.outs, found.ragged_out, strict=True)
         )
         sig = self.graph.signature(
-            (RAGGED, id(self), length),
+            (RAGGED, id(self), lengths),
             func=self.module,
             rule=OpRule(self.name, self._uniform),
             name=self.name,
@@ -273,22 +342,28 @@ class RaggedMacro:
                 sig.id,
                 square=self.square,
                 outs=out_metas,
+                secondary=self.secondary,
                 replay=found.replay_packed,
             )
             self.graph.families[(RAGGED, id(self))] = self.family
         sig.shared, sig.family, sig.length = self.shared, self.family, length
         sig.pool = self.family.rep
-        self.members[length] = sig
+        self.members[lengths] = sig
         return sig
 
     def _uniform(self, sig: Signature, inputs: list[Tensor], n: int) -> Any:
-        """A step whose nodes all have one length: ``[n, L, ...]`` in and out."""
+        """A step whose nodes all have the same lengths: ``[n, L, ...]`` in and out."""
         length = sig.length
         packed = [
-            x.reshape(-1) if i == self.square else x.reshape(n * length, *x.shape[2:]) if r else x
+            x.reshape(-1)
+            if i == self.square
+            else x.reshape(n * x.shape[1], *x.shape[2:])
+            if r
+            else x
             for i, (x, r) in enumerate(zip(inputs, self.ragged_in, strict=True))
         ]
-        outs = self.found.replay_packed(packed, np.full(n, length, dtype=np.int64))
+        sizes = {i: np.full(n, inputs[i].shape[1], dtype=np.int64) for i in self.secondary}
+        outs = self.found.replay_packed(packed, np.full(n, length, dtype=np.int64), sizes)
         outs = tuple(
             y.view(n, length, *y.shape[1:]) if r else y
             for y, r in zip(outs, self.found.ragged_out, strict=True)

@@ -108,7 +108,7 @@ class Recorder(InPlaceWrites, TorchFunctionMode):
         """
         if self.closed:
             raise LazyValueError(LAZY_AFTER_RUN.format(what=f"{func_name(func)}()"))
-        if self.trace is not None and self.trace.length is not None:  # a ragged call's trace
+        if self.trace is not None and self.trace.lengths is not None:  # a ragged call's trace
             args, kwargs = plain_lengths(args), plain_lengths(kwargs)
         if kwargs:
             if not args and (first := next((k for k in _LEADING if k in kwargs), None)):

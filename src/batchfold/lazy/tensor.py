@@ -44,7 +44,9 @@ class Lazy:
         """The shape of one instance's value (see :mod:`.lengths` while a call is traced)."""
         trace = self._rec.trace
         if trace is not None and self._vid in trace.ragged:  # traced, its length left out
-            size = traced_size(self._meta.size, trace.length or 0, trace, trace.ragged[self._vid])
+            size = traced_size(
+                self._meta.size, trace.lengths or (0,), trace, trace.ragged[self._vid]
+            )
             return cast(torch.Size, size)  # a tuple: torch.Size holds ints only
         return self._meta.size
 

@@ -15,7 +15,7 @@ import torch
 
 from ..execute import Fallbacks, run_op, sources_batch
 from ..graph import Signature
-from .lengths import Guard
+from .lengths import FIXED, ROWS, SQUARE, Guard, class_of, rows_flag
 from .semantics import VIEW_NAMES
 from .sites import version
 from .tensor import Lazy, flatten_lazies
@@ -31,7 +31,7 @@ class Trace:
         "start",
         "ops",
         "reason",
-        "length",
+        "lengths",
         "guards",
         "ragged",
         "read_values",
@@ -42,16 +42,16 @@ class Trace:
         self,
         inputs: list[int],
         start: int,
-        length: int | None = None,
+        lengths: tuple[int, ...] | None = None,
         flags: tuple[int, ...] = (),
     ) -> None:
         self.inputs, self.start = inputs, start  # start: the first value id of the call
         self.ops: list[tuple[Signature, tuple[int, ...], int, Any]] = []
         self.reason: str | None = None
-        # a call on ragged inputs: their leading dim (see lengths.py), the guards on it, and
-        # the ragged values, the inputs' and those ragged rules made from them: value id ->
-        # 1 (rows of the call's length) or 2 (an [L, L] input)
-        self.length = length
+        # a call on ragged inputs: the leading dim of each length class (see lengths.py),
+        # the guards on them, and the ragged values, the inputs' and those ragged rules made
+        # from them: value id -> its flag (rows of a class, or the [L, L] input)
+        self.lengths = lengths
         self.guards: list[Guard] = []
         self.ragged = {v: f for v, f in zip(inputs, flags, strict=False) if f}
         # what the call read of tensors from outside, besides what its ops read (see kept.py):
@@ -63,10 +63,11 @@ class Trace:
         """Note a node the call recorded (an op on lazy inputs)."""
         self.ops.append((sig, tuple(inputs), first, None))
         ragged = self.ragged
-        if ragged and sig.family is not None and self.length is not None:
+        if ragged and sig.family is not None and self.lengths is not None:
             reads = tuple(ragged.get(v, 0) for v in inputs)
-            if any(reads) and reads_fit(sig, reads, self.length):
-                ragged.update((first + o, 1) for o, r in enumerate(sig.family.ragged_out) if r)
+            if any(reads) and (out := reads_fit(sig, reads, self.lengths)) is not None:
+                flag = rows_flag(out)
+                ragged.update((first + o, flag) for o, r in enumerate(sig.family.ragged_out) if r)
 
     def refuse(self, reason: str) -> None:
         """Mark the call as not cacheable (the first reason wins)."""
@@ -160,8 +161,8 @@ def same_ops(a: Any, b: Any, ragged: list[bool] | None = None) -> bool:
     return True
 
 
-# ragged rules whose inputs are not all packed rows of the node's length
-_NOT_REPLAYED = frozenset(["index_rows", "index_add"])
+# ragged rules with an input of another length than the node's (its values index the node's)
+_SECONDARY = frozenset(["index_rows", "index_add"])
 
 
 def same_payload(a: Any, b: Any) -> bool:
@@ -171,15 +172,31 @@ def same_payload(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
-def reads_fit(sig: Signature, reads: tuple[int, ...], length: int) -> bool:
-    """Whether an op of a ragged family, reading values flagged ``reads`` (0 fixed, 1 rows of
-    the call's length, 2 the call's ``[L, L]`` input), runs on packed rows at that length:
-    its ragged rule's inputs are exactly those rows (or the adjacency product's)."""
+def reads_fit(sig: Signature, reads: tuple[int, ...], lengths: tuple[int, ...]) -> int | None:
+    """The length class of an op's ragged outputs if the op, of a ragged family and reading
+    values flagged ``reads`` (see :mod:`.lengths`) in a call of ``lengths``, runs on packed
+    rows: its ragged rule's inputs are exactly those values, each of its class's length.
+    ``None`` if it does not."""
     family = sig.family
-    if sig.length != length:
-        return False
-    if family.kind == "blockdiag":
-        return reads == (2, 1) and family.square == 0
-    if family.kind in _NOT_REPLAYED or family.secondary or 2 in reads:
-        return False
-    return family.ragged_in == tuple(r == 1 for r in reads)
+    kind, metas = family.kind, sig.in_metas
+    if kind == "blockdiag":
+        fits = reads == (SQUARE, ROWS) and family.square == 0 and sig.length == lengths[0]
+        return 0 if fits else None
+    if SQUARE in reads or not all(reads) and (kind in _SECONDARY or family.secondary):
+        return None
+    if (
+        kind in _SECONDARY
+    ):  # rows[a].index_select(0, index[b]); target[a].index_add(0, index[b], ...)
+        cls = [class_of(r) for r in reads]
+        other, node = (0, 1) if kind == "index_rows" else (1, 0)
+        if kind == "index_add" and cls[2] != cls[1]:
+            return None
+        fits = sig.length == lengths[cls[node]] and metas[other].shape[0] == lengths[cls[other]]
+        return cls[node] if fits else None
+    if family.secondary or family.ragged_in != tuple(r != FIXED for r in reads):
+        return None
+    classes = {class_of(r) for r in reads if r}
+    if len(classes) != 1:
+        return None
+    cls = classes.pop()
+    return cls if sig.length == lengths[cls] else None

@@ -82,10 +82,11 @@ def gaussian_histogram(x: Tensor) -> Tensor:
     return weight.flatten(-2)
 
 
-def _pair_sum(per_pair: Tensor, atom_of_pair: Tensor, n_atoms: int) -> Tensor:
-    """``out[i] = sum of per_pair[k] over the pairs k whose first atom is i``: ``[n_atoms, d]``."""
-    out = torch.zeros(n_atoms, per_pair.shape[-1], dtype=per_pair.dtype, device=per_pair.device)
-    return out.index_add_(0, atom_of_pair, per_pair)
+def _pair_sum(per_pair: Tensor, atom_of_pair: Tensor, like: Tensor) -> Tensor:
+    """``out[i] = sum of per_pair[k] over the pairs k whose first atom is i``: shaped ``like``
+    ``[n_atoms, d]`` (made from it, not from its length, so that ``batch_map`` can batch
+    molecules of any size as one call)."""
+    return torch.zeros_like(like).index_add(0, atom_of_pair, per_pair)
 
 
 class WeaveLayer(nn.Module):
@@ -165,8 +166,9 @@ class WeaveLayer(nn.Module):
             pair_out]`` (``None`` without ``update_pairs``).
         """
         first, second = pair_index[:, 0], pair_index[:, 1]
-        p_to_a = _pair_sum(self.pair_to_atom(pairs), first, atoms.shape[0])
-        new_atoms = self.combine_atom(self.atom_to_atom(atoms), p_to_a)
+        a_to_a = self.atom_to_atom(atoms)
+        p_to_a = _pair_sum(self.pair_to_atom(pairs), first, a_to_a)
+        new_atoms = self.combine_atom(a_to_a, p_to_a)
         if not self.update_pairs:
             return new_atoms, None
         new_pairs = self.update_pair(

@@ -1,0 +1,153 @@
+"""Module calls on ragged inputs of several lengths (a graph's nodes and its edges), cached once
+for every combination of lengths, equal eager execution.
+
+Values and gradients in float64 against the same module called one instance at a time, both
+schedulers, random sizes including 1 and 0.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from torch import nn
+
+import batchfold as bf
+from batchfold.schedule import Scheduler
+
+Graph = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # nodes [n, 3], edges [m, 2], ends [m, 2]
+
+
+def _graphs(sizes: list[tuple[int, int]], seed: int = 0) -> list[Graph]:
+    gen = torch.Generator().manual_seed(seed)
+    graphs = []
+    for n, m in sizes:
+        nodes = torch.randn(n, 3, dtype=torch.float64, generator=gen)
+        edges = torch.randn(m, 2, dtype=torch.float64, generator=gen)
+        ends = torch.randint(0, max(n, 1), (m, 2), generator=gen)
+        graphs.append((nodes, edges, ends))
+    return graphs
+
+
+class EdgeLayer(nn.Module):
+    """Edges from their end nodes, nodes from their edges summed, a sum readout: ``[3]``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.node = nn.Linear(3, 3)
+        self.edge = nn.Linear(2 + 6, 3)
+        self.out = nn.Linear(3, 3)
+
+    def forward(self, nodes: torch.Tensor, edges: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+        first, second = ends[:, 0], ends[:, 1]
+        pair = torch.cat([edges, nodes.index_select(0, first), nodes[second]], dim=-1)
+        messages = torch.tanh(self.edge(pair))
+        h = torch.relu(self.node(nodes))
+        h = h + torch.zeros_like(h).index_add(0, second, messages)
+        return self.out(torch.softmax(h, dim=0) * h).sum(0)
+
+
+def _check(model: nn.Module, graphs: list[Graph], scheduler: Scheduler = "depth") -> bf.Stats:
+    fn = lambda g: model(*(torch.as_tensor(x) for x in g))  # noqa: E731
+    got, stats = bf.batch_map(fn, graphs, scheduler=scheduler, return_stats=True)
+    want = [fn(g) for g in graphs]
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+    params = list(model.parameters())
+    weigh = lambda outs: torch.stack([(i + 1) * o.sum() for i, o in enumerate(outs)]).sum()  # noqa: E731
+    grads = torch.autograd.grad(weigh(got), params)
+    for g, w in zip(grads, torch.autograd.grad(weigh(want), params), strict=True):
+        torch.testing.assert_close(g, w)
+    return stats
+
+
+SIZES = [(3, 5), (1, 2), (4, 1), (6, 9), (2, 7), (5, 5), (3, 8), (7, 2)]
+
+
+@pytest.mark.parametrize("scheduler", ["agenda", "depth"])
+def test_a_call_on_nodes_and_edges_is_one_node_for_every_pair_of_lengths(
+    scheduler: Scheduler,
+) -> None:
+    torch.manual_seed(0)
+    model = EdgeLayer().double()
+    stats = _check(model, _graphs(SIZES), scheduler)
+    # (5, 5) has one length only; (3, 5) and (1, 2) are traced and confirm the rest
+    assert stats.module_calls_cached == len(SIZES) - 3
+    assert stats.plan is not None
+    calls = [s for s in stats.plan.steps if s.sig.name == "EdgeLayer"]
+    assert len(calls) == 1 and len(calls[0].nodes) == len(SIZES) - 3
+
+
+def test_a_later_batch_map_replays_the_call_for_graphs_of_equal_and_new_sizes() -> None:
+    torch.manual_seed(1)
+    model = EdgeLayer().double()
+    _check(model, _graphs(SIZES))
+    # one step of equal sizes (its uniform rule), and sizes never seen, empty edges too
+    stats = _check(model, _graphs([(4, 6), (4, 6), (4, 6)], seed=1))
+    assert stats.module_calls_cached == 3
+    stats = _check(model, _graphs([(2, 0), (9, 3), (1, 4), (8, 30)], seed=2))
+    assert stats.module_calls_cached == 3  # (2, 0): an empty length, recorded op by op
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_graphs_equal_eager(seed: int) -> None:
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    model = EdgeLayer().double()
+    sizes = [(rng.randint(1, 6), rng.randint(0, 12)) for _ in range(rng.randint(1, 12))]
+    _check(model, _graphs(sizes, seed), rng.choice(["agenda", "depth"]))
+
+
+def test_an_index_out_of_range_is_refused_as_eagerly() -> None:
+    torch.manual_seed(0)
+    model = EdgeLayer().double()
+    graphs = _graphs(SIZES)
+    _check(model, graphs)
+    nodes, edges, ends = graphs[3]
+    bad = ends.clone()
+    bad[2, 1] = nodes.shape[0]
+    graphs[3] = (nodes, edges, bad)
+    with pytest.raises(IndexError, match="out of range"):
+        bf.batch_map(lambda g: model(*(torch.as_tensor(x) for x in g)), graphs)
+
+
+class EdgeStates(nn.Module):
+    """Returns new edge states: rows of the second length, which a node cannot hand back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.edge = nn.Linear(2 + 3, 2)
+
+    def forward(self, nodes: torch.Tensor, edges: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+        return self.edge(torch.cat([edges, nodes.index_select(0, ends[:, 0])], dim=-1))
+
+
+def test_a_call_returning_rows_of_its_second_length_is_recorded_op_by_op() -> None:
+    torch.manual_seed(0)
+    model = EdgeStates().double()
+    stats = _check(model, _graphs(SIZES))
+    assert stats.plan is not None
+    assert not [s for s in stats.plan.steps if s.sig.name == "EdgeStates"]  # its Linear is
+    assert any("EdgeStates" in r and "another length" in r for r in stats.module_misses)
+
+
+class EdgeCount(nn.Module):
+    """Takes another path for graphs of many edges: a guard on the second length."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.node = nn.Linear(3, 2)
+
+    def forward(self, nodes: torch.Tensor, edges: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+        h = self.node(nodes).sum(0)
+        if edges.shape[0] > 6:
+            return h + edges.sum(0)
+        return h - edges.sum(0)
+
+
+def test_a_branch_on_the_second_length_is_guarded() -> None:
+    torch.manual_seed(0)
+    model = EdgeCount().double()
+    stats = _check(model, _graphs([(2, 3), (4, 5), (3, 9), (5, 1), (6, 8)]))
+    assert stats.module_calls_cached == 1  # (5, 1); (3, 9) and (6, 8) answer otherwise
