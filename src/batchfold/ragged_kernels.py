@@ -50,11 +50,12 @@ def run_family(
     kind, n = family.kind, len(lengths)
     if kind == "macro":
         return family.replay(inputs, lengths, sizes or {})
+    if kind == "rows":  # no segment ids needed: the op as it is on the packed rows
+        out = call_one(sig, inputs)
+        return tuple(out) if sig.multi else (out,)
     segment = torch.from_numpy(np.repeat(np.arange(n, dtype=np.int64), lengths))
     segment = segment.to(inputs[0].device)
-    if kind == "rows":
-        out = call_one(sig, inputs)
-    elif kind == "elementwise":
+    if kind == "elementwise":
         rank = max(len(m.shape) for m in sig.in_metas)
         args = list(inputs)
         for i, dtype in zero_d_casts(sig):

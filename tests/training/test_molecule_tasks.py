@@ -200,6 +200,6 @@ def test_every_option_is_documented(task: str, command: str):
         assert (args.optimizer, args.batch_size, args.front_end, args.splitter) == (
             "adam",
             32,
-            "blocks",
+            "lazy",
             "random",
         )

@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import cast
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from batchfold.data.molecule_features import ATOM_FEATURES, PAIR_FEATURES, Molecule
@@ -148,6 +149,27 @@ class WeaveLayer(nn.Module):
             raise ValueError("this weave module was made with update_pairs=False")
         a_to_p = torch.relu(self.atom_to_pair_layer(torch.cat([atom_i, atom_j], dim=-1)))
         a_to_p = a_to_p + torch.relu(self.atom_to_pair_layer(torch.cat([atom_j, atom_i], dim=-1)))
+        return self._new_pair(a_to_p, pair)
+
+    def atom_to_pair(self, atoms: Tensor, first: Tensor, second: Tensor) -> Tensor:
+        """A->P of every pair of one molecule, from its atom states ``[n_atoms, atom_in]`` and
+        the pairs' atoms ``first``, ``second`` (``[n_pairs]``): ``[n_pairs, pair_out]``.
+
+        The value of :meth:`update_pair`'s A->P, computed as DGL-LifeSci's Weave layer does:
+        with ``W_ap = [W_1 W_2]``, ``W_1 A + b`` and ``W_2 A`` once per atom, then added per
+        pair, instead of the layer on each pair's ``2 x atom_in`` inputs (a molecule has
+        about as many pairs as atoms squared).
+        """
+        if not self.update_pairs:
+            raise ValueError("this weave module was made with update_pairs=False")
+        zeros = torch.zeros_like(atoms)
+        left = self.atom_to_pair_layer(torch.cat([atoms, zeros], dim=-1))  # W_1 A + b
+        right = F.linear(torch.cat([zeros, atoms], dim=-1), self.atom_to_pair_layer.weight)
+        forward = left.index_select(0, first) + right.index_select(0, second)
+        backward = left.index_select(0, second) + right.index_select(0, first)
+        return torch.relu(forward) + torch.relu(backward)
+
+    def _new_pair(self, a_to_p: Tensor, pair: Tensor) -> Tensor:
         p_to_p = torch.relu(self.pair_to_pair_layer(pair))
         return torch.relu(self.pair_layer(torch.cat([a_to_p, p_to_p], dim=-1)))
 
@@ -171,10 +193,7 @@ class WeaveLayer(nn.Module):
         new_atoms = self.combine_atom(a_to_a, p_to_a)
         if not self.update_pairs:
             return new_atoms, None
-        new_pairs = self.update_pair(
-            atoms.index_select(0, first), atoms.index_select(0, second), pairs
-        )
-        return new_atoms, new_pairs
+        return new_atoms, self._new_pair(self.atom_to_pair(atoms, first, second), pairs)
 
 
 class WeaveModel(nn.Module):
