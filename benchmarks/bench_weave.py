@@ -1,4 +1,4 @@
-"""Weave graph convolutions on ESOL: one molecule at a time, batchfold's front ends, dgllife.
+"""Weave graph convolutions on ESOL: one molecule at a time, batchfold's front ends, peers.
 
 The model is :class:`~batchfold.models.weave.WeaveModel` (Kearnes et al. 2016) with the
 defaults of ``batchfold train esol``: atom and pair states 50, 2 weave modules, a 128-wide
@@ -18,15 +18,20 @@ weights on the same batches:
   with ``dgl.batch`` inside the timed step ("batching in the step") or beforehand ("graphs
   batched beforehand"). That script's docstring says how dgllife's Weave layer differs from
   batchfold's and how the peer is made to compute the same function.
+- **pyg**: the same model written in PyTorch Geometric (``peers/pyg_weave.py``, in
+  ``benchmarks/.peers/pyg``) with batchfold's parameter names, one ``Data`` per molecule with
+  an edge per atom pair, batched with ``Batch.from_data_list`` in the step or beforehand.
 
-Before timing, the batchfold systems' loss and gradients are checked against the loop's in
-float64 on 4 molecules, and the peer's loss on 16 molecules at the shared initial weights,
-and again after one SGD step, against the loop's (the report's notes give the verdict).
+The peers' files and runs are in ``weave_peers.py``. Before timing, the batchfold systems'
+loss and gradients are checked against the loop's in float64 on 4 molecules, and each peer's
+loss on 16 molecules at the shared initial weights, and again after one SGD step, against the
+loop's (the report's notes give the verdict; a peer that cannot run is named there and left
+out).
 
 Each batch size (64 and 256) and mode (training: forward, loss, backward and an SGD step;
 inference: forward and loss under ``no_grad``) runs passes over the same molecules, every
 batch once per pass: one untimed warm-up pass, then timed passes (3; 2 with ``--quick``),
-the same for every system, the peer included. Throughput is molecules per pass / the median
+the same for every system, the peers included. Throughput is molecules per pass / the median
 pass. batchfold rows also give the record / schedule / execute split of a step. Training
 puts the weights back after each configuration, so every system starts from the same ones.
 
@@ -42,8 +47,6 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import json
-import math
 import random
 import tempfile
 from collections.abc import Callable, Sequence
@@ -51,26 +54,18 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
 import batchfold as bf
-from baselines import (
-    Timing,
-    loss_and_grads,
-    split_fields,
-    time_inference,
-    time_training,
-    timing_fields,
-)
+from baselines import Timing, loss_and_grads, split_fields, time_inference, time_training
 from batchfold import blocks
 from batchfold.data.molecules import Molecule, load_esol
 from batchfold.models.weave import WeaveModel, weave_predict
 from batchfold.models.weave_blocks import weave_blocks
 from machine import describe_machine, markdown_table, spread, write_results
 from memory import PeakMemory
-from peer_runner import PeerUnavailable, run_peer
+from weave_peers import PEERS, check_peers, pass_fields, peer_rows, write_molecules, write_weights
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CONFIG = {
@@ -88,7 +83,7 @@ LR = 1e-6
 training diverges within a few steps of 256 molecules (to inf, where the timing means
 nothing); the weights are put back after every configuration anyway."""
 CHECK_LR = 1e-4
-"""The learning rate of the step after which the peer's loss is checked again: large enough
+"""The learning rate of the step after which the peers' loss is checked again: large enough
 that a peer whose gradients differ from batchfold's (say, with dgllife's two A->P blocks of
 the pair update trained apart) shows it at a relative tolerance of 1e-4."""
 LOOP = "one at a time (PyTorch loop)"
@@ -178,54 +173,14 @@ def standardised(molecules: Sequence[Molecule]) -> list[Molecule]:
     ]
 
 
-# ----------------------------------------------------------------------------------------------
-# the peer's files and runs
+def check_peer_losses(
+    model: WeaveModel, molecules: Sequence[Molecule], scratch: Path
+) -> tuple[list[str], set[str]]:
+    """The peers' loss on ``molecules`` from the model's weights, before and after one SGD step.
 
-
-def write_molecules(molecules: Sequence[Molecule], path: Path) -> Path:
-    """Write molecules in the peer's format (``peers/dgllife_weave.py``); returns ``path``."""
-    atoms = np.cumsum([0] + [m.n_atoms for m in molecules])
-    pairs = np.cumsum([0] + [len(m.pair_index) for m in molecules])
-    np.savez(
-        path,
-        atom_features=torch.cat([m.atom_features for m in molecules]).float().numpy(),
-        atom_offsets=atoms.astype(np.int64),
-        pair_features=torch.cat([m.pair_features for m in molecules]).float().numpy(),
-        pair_index=torch.cat([m.pair_index for m in molecules]).long().numpy(),
-        pair_offsets=pairs.astype(np.int64),
-        target=torch.stack([m.label for m in molecules]).float().numpy(),
-    )
-    return path
-
-
-def write_weights(model: WeaveModel, path: Path) -> Path:
-    """Write the model's parameters and sizes in the peer's format; returns ``path``."""
-    config = {
-        "n_modules": len(model.layers),
-        "atom_dim": model.layers[0].atom_out,
-        "pair_dim": model.layers[0].pair_out,
-        "gather": model.gather,
-        "atom_features": model.atom_features,
-        "pair_features": model.pair_features,
-    }
-    arrays = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
-    np.savez(path, config=np.array(json.dumps(config)), **arrays)
-    return path
-
-
-def agreement(what: str, peer: float, expected: float) -> str:
-    """Whether a peer's loss agrees with batchfold's loop (relative tolerance 1e-4)."""
-    agree = math.isclose(peer, expected, rel_tol=1e-4)
-    return f"{what}: dgllife {peer:.6g} vs the loop {expected:.6g}: " + (
-        "they agree" if agree else "THEY DIFFER"
-    )
-
-
-def check_peer(model: WeaveModel, molecules: Sequence[Molecule], scratch: Path) -> list[str]:
-    """The peer's loss on ``molecules`` from the model's weights, before and after one SGD step.
-
-    Both are compared with the loop's (in float32, as the peer runs); the step, at
-    :data:`CHECK_LR` on all the molecules, shows that the peer's gradients are batchfold's.
+    Both are compared with the loop's (in float32, as the peers run); the step, at
+    :data:`CHECK_LR` on all the molecules, shows that a peer's gradients are batchfold's.
+    Returns the notes and the peers that ran (:func:`weave_peers.check_peers`).
     """
     weights = write_weights(model, scratch / "check-weights.npz")
     path = write_molecules(molecules, scratch / "check.npz")
@@ -235,67 +190,11 @@ def check_peer(model: WeaveModel, molecules: Sequence[Molecule], scratch: Path) 
     sgd.step()
     with torch.no_grad():
         before, after = float(loop_loss(model, molecules)), float(loop_loss(stepped, molecules))
-    args = [str(path), "--weights", str(weights), "--loss-only", "--lr", str(CHECK_LR)]
-    try:
-        (line,) = run_peer("dgl", "dgllife_weave.py", args)
-    except PeerUnavailable as error:
-        return [f"dgllife: {error}"]
-    n = len(molecules)
-    return [
-        agreement(f"loss of {n} molecules at the shared initial weights", line["loss"], before),
-        agreement(
-            f"loss of the same {n} molecules after one SGD step (lr {CHECK_LR}) on them",
-            line["loss_after_step"],
-            after,
-        ),
-    ]
-
-
-PEERS = {
-    "dgllife, batching in the step": "inloop",
-    "dgllife, graphs batched beforehand": "prebuilt",
-}
-"""Peer system name: the peer script's ``--modes``."""
-
-
-def peer_rows(
-    size: int, mode: str, molecules: Path, weights: Path, passes: tuple[int, int], threads: int
-) -> list[dict[str, Any]]:
-    """Both peer systems on one configuration, one process each; a failure as an error row."""
-    warmup, repeats = passes
-    out: list[dict[str, Any]] = []
-    for system, peer_mode in PEERS.items():
-        args = [str(molecules), "--weights", str(weights), "--batch-sizes", str(size)]
-        args += ["--modes", peer_mode, "--warmup", str(warmup), "--repeats", str(repeats)]
-        args += ["--threads", str(threads), "--lr", str(LR)]
-        args += ["--no-infer"] if mode == "training" else ["--no-train"]
-        try:
-            (line,) = run_peer("dgl", "dgllife_weave.py", args)
-        except PeerUnavailable as error:
-            out.append({"error": f"{system}, {mode}, b={size}: {error}"})
-            continue
-        times = line["train_times_s" if mode == "training" else "infer_times_s"]
-        row = {"mode": mode, "batch_size": size, "system": system}
-        row |= pass_fields(Timing(times, line["molecules_per_pass"]), size)
-        for key in ("peak_mb", "resident_peak_mb", "peak_method", "threads", "version"):
-            row[key] = line[key]
-        out.append(row)
-    return out
+    return check_peers(path, weights, (before, after), len(molecules), CHECK_LR)
 
 
 # ----------------------------------------------------------------------------------------------
 # timing
-
-
-def pass_fields(timing: Timing, size: int) -> dict[str, Any]:
-    """A row's fields for the timed passes: throughput, median, spread and every pass."""
-    fields = timing_fields(timing)
-    return {
-        "molecules_per_s": fields.pop("trees_per_s"),
-        **fields,
-        "molecules_per_pass": timing.batch_size,
-        "steps_per_pass": timing.batch_size // size,
-    }
 
 
 def measure(
@@ -337,7 +236,7 @@ def run(
     Arguments:
         quick: 256 molecules per pass and 2 timed passes (else 512 and 3).
         threads: torch intra-op threads (the peer gets as many).
-        peers: run dgllife too.
+        peers: run the peers (dgllife, pyg) too.
         sizes: the batch sizes.
     """
     torch.set_num_threads(threads)
@@ -363,9 +262,12 @@ def run(
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as scratch_dir:
         scratch = Path(scratch_dir)
-        files: tuple[Path, Path] | None = None  # the peer's molecules and weights
+        files: tuple[Path, Path] | None = None  # the peers' molecules and weights
+        ran: set[str] = set()
         if peers:
-            notes += check_peer(model, molecules[:16], scratch)
+            peer_notes, ran = check_peer_losses(model, molecules[:16], scratch)
+            notes += peer_notes
+        if ran:
             files = (
                 write_molecules(molecules[:per_pass], scratch / "molecules.npz"),
                 write_weights(model, scratch / "weights.npz"),
@@ -378,7 +280,7 @@ def run(
                     rows.append(row | measure(runner, model, batches, mode, passes))
                     print(format_row(rows[-1]), flush=True)
                 if files is not None:
-                    for row in peer_rows(size, mode, *files, passes, threads):
+                    for row in peer_rows(size, mode, files, passes, threads, LR, ran):
                         if "error" in row:
                             notes.append(row["error"])
                         else:
@@ -416,18 +318,29 @@ def format_row(row: dict[str, Any]) -> str:
     )
 
 
+def fastest_peer(rows: Sequence[dict[str, Any]], mode: str, size: int) -> dict[str, Any] | None:
+    """The fastest peer row (any peer, any batching) of a mode and batch size, if any ran."""
+    return max(
+        (r for r in rows if (r["mode"], r["batch_size"]) == (mode, size) and r["system"] in PEERS),
+        key=lambda r: r["molecules_per_s"],
+        default=None,
+    )
+
+
 def summary(results: dict[str, Any]) -> str:
     """The markdown report: throughput, ratios to the loop and to the fastest peer, memory."""
     rows = results["rows"]
     table = []
+    fastest: dict[tuple[str, int], str] = {}  # (mode, batch): the fastest peer's line
     for r in rows:
         same = [x for x in rows if (x["mode"], x["batch_size"]) == (r["mode"], r["batch_size"])]
         loop = next((x for x in same if x["system"] == LOOP), None)
-        peer = max(
-            (x for x in same if x["system"] in PEERS),
-            key=lambda x: x["molecules_per_s"],
-            default=None,
-        )
+        peer = fastest_peer(rows, r["mode"], r["batch_size"])
+        if peer is not None:
+            fastest[r["mode"], r["batch_size"]] = (
+                f"{r['mode']} b={r['batch_size']}: {peer['system']} "
+                f"({peer['molecules_per_s']:.1f} molecules/s)"
+            )
         table.append(
             [
                 r["mode"],
@@ -448,13 +361,15 @@ def summary(results: dict[str, Any]) -> str:
         "molecules/s",
         "spread",
         "vs loop",
-        "vs fastest dgllife",
+        "vs fastest peer",
         "peak MB",
         "record / schedule / execute ms per step",
     ]
     m, p = results["machine"], results["passes"]
     versions = sorted({r["version"] for r in rows if "version" in r})
     notes = "".join(f"- {note}\n" for note in results["notes"])
+    if fastest:
+        notes = f"- the fastest peer: {'; '.join(fastest.values())}\n" + notes
     return (
         f"# Weave on ESOL\n\n{m['cpu']}, {m['cpus']} CPUs, {m['threads']} threads, "
         f"torch {m['torch']}, batchfold {m['batchfold']}"
@@ -467,7 +382,8 @@ def summary(results: dict[str, Any]) -> str:
         f"forward, loss, backward, SGD step (lr {results['lr']}); inference: forward and loss "
         "under `no_grad`. batchfold runs with the agenda scheduler. Spread: (max - min) / "
         "median of the passes. Peak: the rise of resident memory during the configuration. "
-        "vs fastest dgllife: against the faster dgllife row of the same mode and batch.\n\n"
+        "vs fastest peer: against the fastest peer row (dgllife or pyg, either batching) of "
+        "the same mode and batch; the notes name it.\n\n"
         + markdown_table(head, table)
         + ("\n\n" + notes if notes else "\n")
     )
@@ -478,7 +394,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="256 molecules per pass, 2 passes")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
-    parser.add_argument("--no-peers", action="store_true", help="leave dgllife out")
+    parser.add_argument(
+        "--no-peers", action="store_true", help="leave the peers (dgllife, pyg) out"
+    )
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for JSON and markdown")
     args = parser.parse_args(argv)

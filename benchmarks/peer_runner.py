@@ -1,10 +1,11 @@
 """Running the peer systems' benchmark scripts from the main benchmarks, in their own environments.
 
-Each peer (DyNet, DGL) has a virtual environment under ``benchmarks/.peers/<peer>``, made by
-``benchmarks/setup_peers.sh``, and scripts under ``benchmarks/peers/`` that print one JSON line
-per configuration. A benchmark writes the trees and the initial weights it uses to files
-(:func:`write_trees`), runs the peer script on them (:func:`run_peer`) and folds the JSON
-lines into its own results. A peer that is not installed, or whose run fails, is reported
+Each peer (DyNet, DGL, PyTorch Geometric) has a virtual environment under
+``benchmarks/.peers/<peer>``, made by ``benchmarks/setup_peers.sh``, and scripts under
+``benchmarks/peers/`` that print one JSON line per configuration. A benchmark writes the trees
+(:func:`write_trees`; ``weave_peers.py`` writes molecules) and the initial weights it uses to
+files, runs the peer script on them (:func:`run_peer`) and folds the JSON lines into its own
+results. A peer that is not installed, or whose run fails, is reported
 with the reason (:class:`PeerUnavailable`) and the benchmark carries on.
 """
 
@@ -24,7 +25,11 @@ from batchfold.data.trees import BinaryTree
 HERE = Path(__file__).resolve().parent
 PEER_ENVS = HERE / ".peers"
 PEER_SCRIPTS = HERE / "peers"
-_PROBES = {"dynet": "import dynet_config", "dgl": "import dgl, torch"}
+_PROBES = {
+    "dynet": "import dynet_config",
+    "dgl": "import dgl, torch",
+    "pyg": "import torch_geometric, torch",
+}
 
 
 class PeerUnavailable(RuntimeError):
@@ -35,7 +40,7 @@ def peer_python(peer: str) -> Path:
     """The Python of a peer's environment, checked (once per process) to import the peer.
 
     Arguments:
-        peer: ``"dynet"`` or ``"dgl"``.
+        peer: ``"dynet"``, ``"dgl"`` or ``"pyg"``.
 
     Returns:
         The interpreter's path.
@@ -74,7 +79,7 @@ def run_peer(peer: str, script: str, args: Sequence[str], timeout: float = 3600)
     """Run one peer script and return the JSON objects it printed, one per line.
 
     Arguments:
-        peer: the environment to run in (``"dynet"``, ``"dgl"``).
+        peer: the environment to run in (``"dynet"``, ``"dgl"``, ``"pyg"``).
         script: the file name under ``benchmarks/peers/``.
         args: its command-line arguments.
         timeout: seconds before the run is abandoned.

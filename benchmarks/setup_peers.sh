@@ -15,23 +15,30 @@
 #          supports DGL 1.x), also --no-deps, with the packages its import needs: pandas,
 #          scikit-learn and rdkit (its other requirements, hyperopt among them, serve only
 #          its example scripts). Runs benchmarks/peers/dgllife_weave.py.
+#   pyg    PyTorch Geometric ("torch_geometric" 2.8.1, pure Python) on PyTorch (CPU), without
+#          the optional torch_scatter / torch_sparse extensions. Installed with --no-deps so
+#          that pip keeps the torch chosen here, with the packages its import needs: numpy,
+#          xxhash, tqdm, psutil and requests (fsspec and jinja2 come with torch; its other
+#          requirements, aiohttp and pyparsing, are not imported by what the benchmark uses).
+#          Runs benchmarks/peers/pyg_weave.py.
 #
 # Prints one line per peer, "NAME: ok (VERSION)" or "NAME: unavailable: REASON" (the dgl
 # step prints one for dgl and one for dgllife), and always exits 0. Installation logs go to
 # benchmarks/.peers/NAME-setup.log.
 #
 # Environment: PYTHON (default python3), TORCH_VERSION (default 2.13.0), PEERS (default
-# "dynet dgl").
+# "dynet dgl pyg").
 set -u
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$here/.peers"
 PYTHON="${PYTHON:-python3}"
 TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
-PEERS="${PEERS:-dynet dgl}"
+PEERS="${PEERS:-dynet dgl pyg}"
 DYNET_SPEC="dynet38==2.2"
 DGL_VERSION="1.1.3"
 DGLLIFE_VERSION="0.3.2"
+PYG_VERSION="2.8.1"
 mkdir -p "$root"
 
 # make_venv NAME: create benchmarks/.peers/NAME unless it already has a working python.
@@ -177,6 +184,59 @@ EOF
     echo "dgllife: ok ($version)"
 }
 
+setup_pyg() {
+    local log="$root/pyg-setup.log" venv="$root/pyg"
+    : >"$log"
+    if ! make_venv pyg >>"$log" 2>&1; then
+        echo "pyg: unavailable: cannot create venv: $(last_error "$log")"
+        return
+    fi
+    local py="$venv/bin/python" pip="$venv/bin/pip --disable-pip-version-check"
+    if [ "$("$py" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null)" != "$TORCH_VERSION" ]; then
+        if ! $pip install "torch==$TORCH_VERSION" >>"$log" 2>&1; then
+            echo "pyg: unavailable: pip install torch==$TORCH_VERSION failed: $(last_error "$log")"
+            return
+        fi
+    fi
+    if [ "$("$py" -c 'from importlib.metadata import version; print(version("torch_geometric"))' 2>/dev/null)" != "$PYG_VERSION" ]; then
+        if ! $pip install --no-deps "torch_geometric==$PYG_VERSION" >>"$log" 2>&1; then
+            echo "pyg: unavailable: pip install torch_geometric==$PYG_VERSION failed: $(last_error "$log")"
+            return
+        fi
+    fi
+    # What `import torch_geometric` needs (it was installed without its dependencies).
+    if ! $pip install numpy xxhash tqdm psutil requests >>"$log" 2>&1; then
+        echo "pyg: unavailable: installing torch_geometric's dependencies failed: $(last_error "$log")"
+        return
+    fi
+    # Two small graphs batched, a sum over the edges into each node and one per graph, forward
+    # and backward.
+    local version
+    if ! version="$("$py" - 2>>"$log" <<'EOF'
+import warnings
+warnings.filterwarnings("ignore")
+import torch
+import torch_geometric
+from torch_geometric.data import Batch, Data
+from torch_geometric.nn import global_add_pool
+from torch_geometric.utils import scatter
+x = torch.ones(5, 2, requires_grad=True)
+edges = [torch.tensor([[1], [0]]), torch.tensor([[1, 2, 0], [0, 0, 1]])]
+b = Batch.from_data_list([Data(x=x[:2], edge_index=edges[0]), Data(x=x[2:], edge_index=edges[1])])
+h = scatter(b.x[b.edge_index[0]], b.edge_index[1], dim=0, dim_size=b.num_nodes, reduce="sum")
+total = global_add_pool(h, b.batch, size=b.num_graphs)
+total.sum().backward()
+assert total[:, 0].tolist() == [1.0, 3.0], total
+assert x.grad[:, 0].tolist() == [0.0, 1.0, 1.0, 1.0, 1.0], x.grad
+print(f"torch_geometric {torch_geometric.__version__}, torch {torch.__version__}")
+EOF
+)"; then
+        echo "pyg: unavailable: import or smoke test failed: $(last_error "$log")"
+        return
+    fi
+    echo "pyg: ok ($version)"
+}
+
 for peer in $PEERS; do
     case "$peer" in
         dynet) setup_dynet ;;
@@ -189,6 +249,7 @@ for peer in $PEERS; do
                 echo "dgllife: unavailable: it needs the dgl environment"
             fi
             ;;
+        pyg) setup_pyg ;;
         *) echo "$peer: unavailable: unknown peer" ;;
     esac
 done

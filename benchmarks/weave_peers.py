@@ -1,0 +1,184 @@
+"""The peers of ``bench_weave.py``: their input files, their loss check and their timed runs.
+
+Two peers run the Weave model in their own environments (``benchmarks/setup_peers.sh``):
+DGL-LifeSci (``peers/dgllife_weave.py`` in ``benchmarks/.peers/dgl``) and PyTorch Geometric
+(``peers/pyg_weave.py`` in ``benchmarks/.peers/pyg``), each with the molecules batched inside
+the timed step and beforehand. Both read the molecules and batchfold's weights from the files
+written here (:func:`write_molecules`, :func:`write_weights`; the formats are in
+``dgllife_weave.py``'s docstring). :func:`check_peers` compares each peer's loss with the
+one-at-a-time loop's, :func:`peer_rows` times them; a peer that cannot run is a note, never a
+crash.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Collection, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from baselines import Timing, timing_fields
+from batchfold.data.molecules import Molecule
+from batchfold.models.weave import WeaveModel
+from peer_runner import PeerUnavailable, run_peer
+
+
+class PeerSystem(NamedTuple):
+    """A peer system: the peer's name, its environment, its script and the script's mode."""
+
+    peer: str
+    env: str
+    script: str
+    mode: str
+
+
+PEERS = {
+    "dgllife, batching in the step": PeerSystem("dgllife", "dgl", "dgllife_weave.py", "inloop"),
+    "dgllife, graphs batched beforehand": PeerSystem(
+        "dgllife", "dgl", "dgllife_weave.py", "prebuilt"
+    ),
+    "pyg, batching in the step": PeerSystem("pyg", "pyg", "pyg_weave.py", "inloop"),
+    "pyg, graphs batched beforehand": PeerSystem("pyg", "pyg", "pyg_weave.py", "prebuilt"),
+}
+"""The peer systems by the name of their rows."""
+
+
+def write_molecules(molecules: Sequence[Molecule], path: Path) -> Path:
+    """Write molecules in the peers' format (``peers/dgllife_weave.py``); returns ``path``."""
+    atoms = np.cumsum([0] + [m.n_atoms for m in molecules])
+    pairs = np.cumsum([0] + [len(m.pair_index) for m in molecules])
+    np.savez(
+        path,
+        atom_features=torch.cat([m.atom_features for m in molecules]).float().numpy(),
+        atom_offsets=atoms.astype(np.int64),
+        pair_features=torch.cat([m.pair_features for m in molecules]).float().numpy(),
+        pair_index=torch.cat([m.pair_index for m in molecules]).long().numpy(),
+        pair_offsets=pairs.astype(np.int64),
+        target=torch.stack([m.label for m in molecules]).float().numpy(),
+    )
+    return path
+
+
+def write_weights(model: WeaveModel, path: Path) -> Path:
+    """Write the model's parameters and sizes in the peers' format; returns ``path``."""
+    config = {
+        "n_modules": len(model.layers),
+        "atom_dim": model.layers[0].atom_out,
+        "pair_dim": model.layers[0].pair_out,
+        "gather": model.gather,
+        "atom_features": model.atom_features,
+        "pair_features": model.pair_features,
+    }
+    arrays = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    np.savez(path, config=np.array(json.dumps(config)), **arrays)
+    return path
+
+
+def agreement(what: str, peer: str, got: float, expected: float) -> str:
+    """Whether a peer's loss agrees with batchfold's loop (relative tolerance 1e-4)."""
+    agree = math.isclose(got, expected, rel_tol=1e-4)
+    return f"{what}: {peer} {got:.6g} vs the loop {expected:.6g}: " + (
+        "they agree" if agree else "THEY DIFFER"
+    )
+
+
+def check_peers(
+    molecules: Path, weights: Path, expected: tuple[float, float], n: int, lr: float
+) -> tuple[list[str], set[str]]:
+    """Each peer's loss on the molecules of a file, before and after one SGD step on them all.
+
+    Arguments:
+        molecules: the molecule file (:func:`write_molecules`).
+        weights: the weights file (:func:`write_weights`).
+        expected: the loop's losses (in float32, as the peers run) at those weights and after
+            the same step.
+        n: how many molecules the file holds (for the notes).
+        lr: the step's learning rate.
+
+    Returns:
+        The notes (the verdicts, or why a peer cannot run) and the peers that ran.
+    """
+    notes: list[str] = []
+    ran: set[str] = set()
+    args = [str(molecules), "--weights", str(weights), "--loss-only", "--lr", str(lr)]
+    for peer, env, script in dict.fromkeys((s.peer, s.env, s.script) for s in PEERS.values()):
+        try:
+            (line,) = run_peer(env, script, args)
+        except PeerUnavailable as error:
+            notes.append(f"{peer}: {error}")
+            continue
+        ran.add(peer)
+        before, after = expected
+        notes += [
+            agreement(
+                f"loss of {n} molecules at the shared initial weights", peer, line["loss"], before
+            ),
+            agreement(
+                f"loss of the same {n} molecules after one SGD step (lr {lr}) on them",
+                peer,
+                line["loss_after_step"],
+                after,
+            ),
+        ]
+    return notes, ran
+
+
+def pass_fields(timing: Timing, size: int) -> dict[str, Any]:
+    """A row's fields for the timed passes: throughput, median, spread and every pass."""
+    fields = timing_fields(timing)
+    return {
+        "molecules_per_s": fields.pop("trees_per_s"),
+        **fields,
+        "molecules_per_pass": timing.batch_size,
+        "steps_per_pass": timing.batch_size // size,
+    }
+
+
+def peer_rows(
+    size: int,
+    mode: str,
+    files: tuple[Path, Path],
+    passes: tuple[int, int],
+    threads: int,
+    lr: float,
+    peers: Collection[str],
+) -> list[dict[str, Any]]:
+    """The systems of ``peers`` on one configuration, one process each.
+
+    Arguments:
+        size: the batch size.
+        mode: ``"training"`` or ``"inference"``.
+        files: the molecule and weights files.
+        passes: warm-up and timed passes.
+        threads: the peer's torch threads.
+        lr: the SGD learning rate of the training steps.
+        peers: the peers to run (``"dgllife"``, ``"pyg"``).
+
+    Returns:
+        A row per system; a failed run as ``{"error": why}``.
+    """
+    warmup, repeats = passes
+    out: list[dict[str, Any]] = []
+    for system, (peer, env, script, peer_mode) in PEERS.items():
+        if peer not in peers:
+            continue
+        args = [str(files[0]), "--weights", str(files[1]), "--batch-sizes", str(size)]
+        args += ["--modes", peer_mode, "--warmup", str(warmup), "--repeats", str(repeats)]
+        args += ["--threads", str(threads), "--lr", str(lr)]
+        args += ["--no-infer"] if mode == "training" else ["--no-train"]
+        try:
+            (line,) = run_peer(env, script, args)
+        except PeerUnavailable as error:
+            out.append({"error": f"{system}, {mode}, b={size}: {error}"})
+            continue
+        times = line["train_times_s" if mode == "training" else "infer_times_s"]
+        row = {"mode": mode, "batch_size": size, "system": system}
+        row |= pass_fields(Timing(times, line["molecules_per_pass"]), size)
+        for key in ("peak_mb", "resident_peak_mb", "peak_method", "threads", "version"):
+            row[key] = line[key]
+        out.append(row)
+    return out
