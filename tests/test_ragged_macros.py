@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import batchfold as bf
+from batchfold.lazy import macros
 from batchfold.lazy.kept import forget
 from batchfold.models.attention import AttentionClassifier
 from batchfold.schedule import Scheduler
@@ -104,6 +105,38 @@ def test_the_attention_classifier_is_cached_and_equals_eager() -> None:
 
     stats = _check(model, loss, list(zip(xs, labels, strict=True)))
     assert stats.module_calls_cached >= len(xs) - 2
+
+
+@pytest.mark.parametrize("scheduler", ["agenda", "depth"])
+def test_the_fast_path_of_ragged_calls_makes_the_plan_of_the_slow_one(
+    scheduler: Scheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    forget()
+    model = Encoder().double()
+    xs = _sequences(seed=11, lengths=[*LENGTHS, 9, 2, 4])
+    taken = []
+    fast = macros.ragged_hit
+
+    def counted(*args: Any) -> Any:
+        found = fast(*args)
+        taken.append(found is not None)
+        return found
+
+    def plan(stats: bf.Stats) -> list[tuple[str, int]]:
+        assert stats.plan is not None
+        return [(s.sig.name, len(s.nodes)) for s in stats.plan.steps]
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        rows, pooled = model(torch.as_tensor(x))
+        return rows.sum(0) + pooled
+
+    monkeypatch.setattr(macros, "ragged_hit", counted)
+    with_fast = _check(model, fn, xs, scheduler)
+    assert any(taken)
+    forget()
+    monkeypatch.setattr(macros, "ragged_hit", lambda *args: None)
+    slow = _check(model, fn, xs, scheduler)
+    assert plan(with_fast) == plan(slow) and _nodes(slow, "Encoder") > 0
 
 
 class Branches(nn.Module):

@@ -24,6 +24,7 @@ from torch.nn.modules import module as _TORCH_MODULE
 
 from ..graph import OUT_BITS, Signature, TensorMeta
 from ..ops import OpRule
+from . import dispatch
 from .context import active_recorder
 from .inference import template
 from .kept import keep, kept
@@ -33,6 +34,7 @@ from .ragged_macros import (
     RaggedMacro,
     RaggedTemplate,
     call_ragged,
+    ragged_hit,
     ragged_key,
 )
 from .semantics import grad_mode, own_hooks
@@ -107,19 +109,24 @@ class ModuleCache:
         self.misses: Counter[str] = Counter()
 
     def hit(self, module: nn.Module, args: tuple[Any, ...]) -> Any:
-        """The common call, on its own fast path: lazy positional arguments only, none a
-        sequence, and a confirmed entry. Its result, or :data:`MISSED` (then :meth:`call`)."""
+        """The common call, on its own fast path: lazy positional arguments only and a
+        confirmed entry (for sequences, see :func:`ragged_hit`). Its result, or
+        :data:`MISSED` (then :meth:`call`)."""
         rec = self.rec
         metas, inputs = [], []
+        sequences = False
         for a in args:
             if type(a) is not Lazy or a._rec is not rec:
                 return MISSED
             meta = a._meta
             if rec.ragged and _is_sequence(meta):
-                return MISSED
+                sequences = True
             metas.append(meta)
             inputs.append(a._vid)
         mode = 2 if _inference_mode() else 1 if _grad_enabled() else 0  # grad_mode(), inline
+        if sequences:  # keyed without the length: the common ragged call, or the slow path
+            found = ragged_hit(self, module, metas, inputs, mode)
+            return MISSED if found is None else found
         # the key :meth:`call` makes: ``args_key`` gives a lazy argument's meta
         entry = self.entries.get((id(module), module.training, mode, tuple(metas)))
         if entry is None or not entry.confirmed or own_hooks(module):
@@ -362,15 +369,19 @@ def _module_call(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
 
 
 def install() -> None:
-    """Route ``nn.Module`` calls through the cache (counted: nested ``batch_map`` calls)."""
+    """Route ``nn.Module`` calls through the cache, and PyTorch's Python-level functions straight
+    to the recorder (see :mod:`.dispatch`); counted, for nested ``batch_map`` calls."""
     with _LOCK:
         _INSTALLED[0] += 1
         nn.Module.__call__ = _module_call  # type: ignore[method-assign]
+        dispatch.patch(True)
 
 
 def uninstall() -> None:
-    """Undo one :func:`install`; the last one restores ``nn.Module.__call__``."""
+    """Undo one :func:`install`; the last one restores ``nn.Module.__call__`` and PyTorch's
+    ``handle_torch_function``."""
     with _LOCK:
         _INSTALLED[0] -= 1
         if _INSTALLED[0] == 0:
             nn.Module.__call__ = ORIGINAL_CALL  # type: ignore[method-assign]
+            dispatch.patch(False)

@@ -89,6 +89,33 @@ def ragged_key(
     return key, inputs, tuple(metas), flags, lengths
 
 
+def ragged_hit(
+    cache: ModuleCache, module: nn.Module, metas: list[TensorMeta], inputs: list[int], mode: int
+) -> Any:
+    """The common ragged call on a fast path: positional lazy arguments of one rank (2 or
+    more) and one leading length, none ``[L, L]``, and a confirmed macro whose guards hold.
+    Its lazy result, or ``None`` (then :func:`ragged_key` and :func:`call_ragged`). The key
+    is the one :func:`ragged_key` makes for such a call; ``mode`` is :func:`grad_mode`'s."""
+    shape = metas[0].shape
+    rank, length = len(shape), shape[0] if shape else 0
+    if rank < 2 or length == 0:
+        return None
+    for m in metas:
+        s = m.shape
+        if len(s) != rank or s[0] != length or (rank == 2 and s[1] == length):
+            return None
+    flat = tuple(ragged_meta(m) for m in metas)
+    key = (RAGGED, id(module), module.training, mode, (0,) * len(metas), flat)
+    entry = cache.entries.get(key)
+    if entry is None or entry.macro is None or own_hooks(module):
+        return None
+    lengths = (length,)
+    if not guards_hold(entry.guards, lengths):
+        return None
+    cache.hits += 1
+    return entry.macro.node(cache.rec, inputs, tuple(metas), lengths)
+
+
 def length_classes(
     metas: tuple[TensorMeta, ...],
 ) -> tuple[tuple[int, ...], tuple[int, ...]] | None:

@@ -1,0 +1,53 @@
+"""A shorter way from PyTorch's Python-level functions to the recorder.
+
+``F.cross_entropy``, ``F.relu``, ``F.softmax`` and the other functions PyTorch writes in Python
+reach a ``TorchFunctionMode`` through ``torch.overrides.handle_torch_function``, which finds
+the overloaded arguments and pops the mode in a context manager for the call: about as much
+time as recording the call itself. While ``batch_map`` runs, :func:`handle` stands in for it
+in the modules that call it (``torch.nn.functional``, ``torch.functional``, ``torch._tensor``):
+when the only mode is this thread's recorder and a lazy tensor is among the arguments, the call
+goes straight to the recorder, with the same function, arguments and keywords the mode would
+get, and the mode off during the call, as PyTorch has it. Anything else takes PyTorch's own
+path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch._tensor
+import torch.functional
+import torch.nn.functional
+
+from .context import active_recorder
+from .tensor import Lazy
+
+ORIGINAL = torch.overrides.handle_torch_function
+_MODULES = (torch.nn.functional, torch.functional, torch._tensor)
+_stack_len = torch._C._len_torch_function_stack
+_stack_at = torch._C._get_function_stack_at
+_pop = torch._C._pop_torch_function_stack
+_push = torch._C._push_on_torch_function_stack
+
+
+def handle(public_api: Any, relevant_args: Any, *args: Any, **kwargs: Any) -> Any:
+    """``handle_torch_function`` with a fast path to this thread's recorder."""
+    if _stack_len() == 1:
+        for arg in relevant_args:
+            if type(arg) is Lazy:
+                rec = active_recorder()
+                if rec is not None and _stack_at(0) is rec:
+                    _pop()  # as PyTorch does for the call: the mode is off inside it
+                    try:
+                        return rec.__torch_function__(public_api, (), args, kwargs)
+                    finally:
+                        _push(rec)
+                break
+    return ORIGINAL(public_api, relevant_args, *args, **kwargs)
+
+
+def patch(on: bool) -> None:
+    """Put :func:`handle` in place of PyTorch's (``on``), or PyTorch's back."""
+    for module in _MODULES:
+        module.handle_torch_function = handle if on else ORIGINAL  # type: ignore[attr-defined]
