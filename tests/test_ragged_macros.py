@@ -108,12 +108,13 @@ def test_the_attention_classifier_is_cached_and_equals_eager() -> None:
 
 
 @pytest.mark.parametrize("scheduler", ["agenda", "depth"])
+@pytest.mark.parametrize("lengths", [[*LENGTHS, 9, 2, 4], [5] * 8], ids=["several", "one"])
 def test_the_fast_path_of_ragged_calls_makes_the_plan_of_the_slow_one(
-    scheduler: Scheduler, monkeypatch: pytest.MonkeyPatch
+    scheduler: Scheduler, lengths: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     forget()
     model = Encoder().double()
-    xs = _sequences(seed=11, lengths=[*LENGTHS, 9, 2, 4])
+    xs = _sequences(seed=11, lengths=lengths)
     taken = []
     fast = macros.ragged_hit
 
@@ -137,6 +138,7 @@ def test_the_fast_path_of_ragged_calls_makes_the_plan_of_the_slow_one(
     monkeypatch.setattr(macros, "ragged_hit", lambda *args: None)
     slow = _check(model, fn, xs, scheduler)
     assert plan(with_fast) == plan(slow) and _nodes(slow, "Encoder") > 0
+    assert with_fast.module_calls_cached == slow.module_calls_cached
 
 
 class Branches(nn.Module):

@@ -30,6 +30,7 @@ from .inference import template
 from .kept import keep, kept
 from .lengths import Guard
 from .ragged_macros import (
+    BY_SHAPE,
     ORIGINAL_CALL,
     RaggedMacro,
     RaggedTemplate,
@@ -126,7 +127,8 @@ class ModuleCache:
         mode = 2 if _inference_mode() else 1 if _grad_enabled() else 0  # grad_mode(), inline
         if sequences:  # keyed without the length: the common ragged call, or the slow path
             found = ragged_hit(self, module, metas, inputs, mode)
-            return MISSED if found is None else found
+            if found is not BY_SHAPE:
+                return MISSED if found is None else found
         # the key :meth:`call` makes: ``args_key`` gives a lazy argument's meta
         entry = self.entries.get((id(module), module.training, mode, tuple(metas)))
         if entry is None or not entry.confirmed or own_hooks(module):

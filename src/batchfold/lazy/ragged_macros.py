@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 Tensor = torch.Tensor
 ORIGINAL_CALL = nn.Module.__call__
 RAGGED = "ragged call"
+BY_SHAPE = object()  # see ragged_hit
 GUARDED = "a comparison on the length of its ragged inputs answers otherwise: recorded op by op"
 
 
@@ -94,8 +95,10 @@ def ragged_hit(
 ) -> Any:
     """The common ragged call on a fast path: positional lazy arguments of one rank (2 or
     more) and one leading length, none ``[L, L]``, and a confirmed macro whose guards hold.
-    Its lazy result, or ``None`` (then :func:`ragged_key` and :func:`call_ragged`). The key
-    is the one :func:`ragged_key` makes for such a call; ``mode`` is :func:`grad_mode`'s."""
+    Its lazy result; :data:`BY_SHAPE` for a call of the one length its module was traced at
+    (keyed by shape, as :meth:`ModuleCache.call` does then); or ``None`` (then
+    :func:`ragged_key` and :func:`call_ragged`). The key is the one :func:`ragged_key` makes
+    for such a call; ``mode`` is :func:`grad_mode`'s."""
     shape = metas[0].shape
     rank, length = len(shape), shape[0] if shape else 0
     if rank < 2 or length == 0:
@@ -107,10 +110,12 @@ def ragged_hit(
     flat = tuple(ragged_meta(m) for m in metas)
     key = (RAGGED, id(module), module.training, mode, (0,) * len(metas), flat)
     entry = cache.entries.get(key)
-    if entry is None or entry.macro is None or own_hooks(module):
-        return None
     lengths = (length,)
-    if not guards_hold(entry.guards, lengths):
+    if entry is None:
+        return None
+    if entry.macro is None:  # traced at one length only: calls of that length go by shape
+        return BY_SHAPE if entry.reason is None and entry.length == lengths else None
+    if own_hooks(module) or not guards_hold(entry.guards, lengths):
         return None
     cache.hits += 1
     return entry.macro.node(cache.rec, inputs, tuple(metas), lengths)
