@@ -25,7 +25,7 @@ from torch.nn.modules import module as _TORCH_MODULE
 from ..graph import OUT_BITS, Signature, TensorMeta
 from ..ops import OpRule
 from . import dispatch
-from .context import active_recorder
+from .context import _LOCAL
 from .inference import template
 from .kept import keep, kept
 from .lengths import Guard
@@ -73,6 +73,7 @@ class _Entry:
         "sig",
         "order",
         "outs",
+        "flat",
         "ragged",
         "length",
         "guards",
@@ -88,6 +89,7 @@ class _Entry:
         self.sig: Signature | None = None  # the macro's, or its one op's
         self.order: list[int] | None = None  # one op: which call inputs it reads, in order
         self.outs: list[int] = []  # which of the node's outputs the call returns
+        self.flat: bool | None = None  # whether it returns a flat tuple, ``(h, c)``
         # a call on ragged inputs: its first trace, that trace's length and guards, and once
         # a trace of another length agrees, the macro that records its calls
         self.ragged: RaggedTemplate | None = None
@@ -116,12 +118,16 @@ class ModuleCache:
         rec = self.rec
         metas, inputs = [], []
         sequences = False
+        ragged = rec.ragged
         for a in args:
             if type(a) is not Lazy or a._rec is not rec:
                 return MISSED
             meta = a._meta
-            if rec.ragged and _is_sequence(meta):
-                sequences = True
+            if ragged:
+                seq = _SEQUENCE.get(meta)
+                if seq is None:
+                    seq = _SEQUENCE[meta] = _is_sequence(meta)
+                sequences = sequences or seq
             metas.append(meta)
             inputs.append(a._vid)
         mode = 2 if _inference_mode() else 1 if _grad_enabled() else 0  # grad_mode(), inline
@@ -297,9 +303,10 @@ class ModuleCache:
         if structure is None:
             return Lazy(rec, first + entry.outs[0], metas[entry.outs[0]])
         outs = [Lazy(rec, first + o, metas[o]) for o in entry.outs]
-        if structure == (tuple, (None,) * len(outs)):  # a flat tuple, ``(h, c)``
-            return tuple(outs)
-        return build(structure, outs)
+        flat = entry.flat
+        if flat is None:
+            flat = entry.flat = structure == (tuple, (None,) * len(outs))
+        return tuple(outs) if flat else build(structure, outs)
 
 
 def _arguments(entry: _Entry, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -318,6 +325,7 @@ SEQUENCES = "takes sequences of which one has 0 rows: recorded op by op"
 
 
 _INDEX_DTYPES = frozenset([torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8])
+_SEQUENCE: dict[TensorMeta, bool] = {}  # _is_sequence of each meta seen (metas are interned)
 
 
 def _is_sequence(meta: TensorMeta) -> bool:
@@ -358,7 +366,8 @@ def _global_hooks() -> bool:
 
 
 def _module_call(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    rec = active_recorder()
+    active = getattr(_LOCAL, "active", None)  # active_recorder(), inline
+    rec = active[-1] if active else None
     if rec is None or rec.modules is None or rec.trace is not None or _global_hooks():
         return ORIGINAL_CALL(module, *args, **kwargs)  # global hooks run on every call: op by op
     if args and not kwargs:
