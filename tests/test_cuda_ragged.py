@@ -23,6 +23,7 @@ if not torch.cuda.is_available():
 import batchfold as bf
 from batchfold.models.weave import WeaveModel, weave_predict
 from batchfold.schedule import Scheduler
+from random_molecules import random_molecule
 from test_ragged_lengths import SIZES, EdgeLayer, _graphs
 from test_ragged_macros import Encoder, MessagePassing, RandomSequenceModel, _nodes, _sequences
 
@@ -112,31 +113,14 @@ def test_an_adjacency_read_by_a_product_equals_eager(scheduler: Scheduler) -> No
     assert _nodes(stats, "MessagePassing") > 0
 
 
-def _random_molecule(rng: random.Random, n_atoms: int) -> Any:
-    from batchfold.data.molecules import Molecule  # rdkit is imported with it
-
-    pairs = [(i, j) for i in range(n_atoms) for j in range(n_atoms) if i != j]
-    if rng.random() < 0.5:
-        pairs = [p for p in pairs if rng.random() < 0.5]
-    gen = torch.Generator().manual_seed(rng.randrange(2**31))
-    return Molecule(
-        smiles=f"random{n_atoms}",
-        atom_features=torch.randn(n_atoms, 27, generator=gen),
-        bonds=torch.zeros(0, 2, dtype=torch.int64),
-        pair_index=torch.tensor(pairs, dtype=torch.int64).reshape(-1, 2),
-        pair_features=torch.randn(len(pairs), 12, generator=gen),
-    )
-
-
 @pytest.mark.parametrize("scheduler", SCHEDULERS)
 @pytest.mark.parametrize("gather", ["sum", "gaussian"])
 def test_weave_per_molecule_code_equals_eager(scheduler: Scheduler, gather: str) -> None:
-    pytest.importorskip("rdkit")
     torch.manual_seed(1)
     weave = WeaveModel(n_tasks=2, atom_dim=6, pair_dim=5, gather_dim=4, hidden=3, gather=gather)
     weave = weave.double().to(DEV)
     rng = random.Random(1)
-    batch = [_random_molecule(rng, rng.randint(1, 7)) for _ in range(12)]
+    batch = [random_molecule(rng, rng.randint(1, 7), rng.random() < 0.5) for _ in range(12)]
     _check(weave, lambda m: weave_predict(weave, m), batch, scheduler)
 
 

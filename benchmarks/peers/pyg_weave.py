@@ -63,25 +63,26 @@ Usage::
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # weave_io beside this file
 
-import numpy as np  # noqa: E402
-from weave_io import GAUSSIAN_MEMBERSHIPS, load_molecules, parse_args, time_modes  # noqa: E402
+from weave_io import (  # noqa: E402
+    GAUSSIAN_MEMBERSHIPS,
+    load_molecules,
+    load_weights,
+    parse_args,
+    start_torch,
+    time_modes,
+)
 
 
 def main(argv=None) -> int:
     """Load, check the options, then print the loss or the timings (see the docstring)."""
     args = parse_args(__doc__, argv)
-    import torch
-
-    torch.set_num_threads(args.threads)
-    with contextlib.suppress(RuntimeError):  # already set in this process
-        torch.set_num_interop_threads(args.threads)
+    torch = start_torch(args.threads)
     try:
         import torch_geometric
         from torch_geometric.data import Batch, Data
@@ -96,9 +97,8 @@ def main(argv=None) -> int:
     from torch import nn
     from torch.nn import functional as F
 
-    stored = np.load(args.weights)
-    config = json.loads(str(stored["config"]))
-    weights = {k: torch.from_numpy(stored[k].copy()) for k in stored.files if k != "config"}
+    config, arrays = load_weights(args.weights)
+    weights = {k: torch.from_numpy(v) for k, v in arrays.items()}
     n_modules, atom_dim, pair_dim = config["n_modules"], config["atom_dim"], config["pair_dim"]
 
     class WeaveLayer(nn.Module):

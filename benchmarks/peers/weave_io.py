@@ -9,6 +9,7 @@ This module needs only the standard library and NumPy (and ``benchmarks/memory.p
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -75,6 +76,23 @@ def load_molecules(path: str) -> list[tuple[Any, Any, Any, Any]]:
         )
         for m in range(len(atoms) - 1)
     ]
+
+
+def start_torch(threads: int) -> Any:
+    """PyTorch with ``threads`` intra-op (and, once per process, inter-op) threads."""
+    import torch
+
+    torch.set_num_threads(threads)
+    with contextlib.suppress(RuntimeError):  # already set in this process
+        torch.set_num_interop_threads(threads)
+    return torch
+
+
+def load_weights(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The model's configuration and its weights by ``state_dict`` name (NumPy arrays)."""
+    stored = np.load(path)
+    config = json.loads(str(stored["config"]))
+    return config, {k: stored[k].copy() for k in stored.files if k != "config"}
 
 
 Batches = Callable[[str, list[range]], tuple[list[Any], Callable[[Any], Any]]]
