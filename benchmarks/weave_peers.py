@@ -23,7 +23,7 @@ import torch
 
 from baselines import Timing, timing_fields
 from batchfold.data.molecules import Molecule
-from batchfold.models.weave import WeaveModel
+from batchfold.models.weave import GAUSSIAN_MEMBERSHIPS, WeaveModel
 from peer_runner import PeerUnavailable, run_peer
 
 
@@ -72,6 +72,7 @@ def write_weights(model: WeaveModel, path: Path) -> Path:
         "gather": model.gather,
         "atom_features": model.atom_features,
         "pair_features": model.pair_features,
+        "gaussian_memberships": GAUSSIAN_MEMBERSHIPS,  # the bins of the "gaussian" gather
     }
     arrays = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     np.savez(path, config=np.array(json.dumps(config)), **arrays)

@@ -20,7 +20,8 @@ Molecules (``MOLECULES.npz``), every molecule's arrays concatenated in file orde
 Weights (``--weights W.npz``): every parameter of batchfold's ``WeaveModel`` under its
 ``state_dict`` name (``weave.0.atom_to_atom_layer.weight``, ..., ``output.bias``), float32,
 and ``config``: a JSON string with ``n_modules``, ``atom_dim``, ``pair_dim``, ``gather``
-(``"sum"`` or ``"gaussian"``), ``atom_features`` and ``pair_features``.
+(``"sum"`` or ``"gaussian"``), ``atom_features``, ``pair_features`` and
+``gaussian_memberships`` (the ``(mean, sd)`` of each bin of the Gaussian gather).
 
 The model
 ---------
@@ -101,7 +102,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # weave_io besid
 os.environ.setdefault("DGLBACKEND", "pytorch")
 
 from weave_io import (  # noqa: E402
-    GAUSSIAN_MEMBERSHIPS,
     load_molecules,
     load_weights,
     parse_args,
@@ -200,8 +200,12 @@ def main(argv=None) -> int:
             for name in ("atom_readout", "hidden_layer", "output"):
                 load_linear(getattr(self, name), name)
             self.gaussian = config["gather"] == "gaussian"
-            self.register_buffer("mean", torch.tensor([m for m, _ in GAUSSIAN_MEMBERSHIPS]))
-            self.register_buffer("std", torch.tensor([s for _, s in GAUSSIAN_MEMBERSHIPS]))
+            self.register_buffer(
+                "mean", torch.tensor([m for m, _ in config["gaussian_memberships"]])
+            )
+            self.register_buffer(
+                "std", torch.tensor([s for _, s in config["gaussian_memberships"]])
+            )
 
         def forward(self, bg, target):
             atoms = self.gnn(bg, bg.ndata["x"], bg.edata["e"], node_only=True)

@@ -70,7 +70,6 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # weave_io beside this file
 
 from weave_io import (  # noqa: E402
-    GAUSSIAN_MEMBERSHIPS,
     load_molecules,
     load_weights,
     parse_args,
@@ -152,8 +151,8 @@ def main(argv=None) -> int:
             self.output = nn.Linear(*weights["output.weight"].shape[::-1])
             self.gaussian = config["gather"] == "gaussian"
             # kept out of the state_dict, so that it has batchfold's names and no others
-            mean = torch.tensor([m for m, _ in GAUSSIAN_MEMBERSHIPS])
-            std = torch.tensor([s for _, s in GAUSSIAN_MEMBERSHIPS])
+            mean = torch.tensor([m for m, _ in config["gaussian_memberships"]])
+            std = torch.tensor([s for _, s in config["gaussian_memberships"]])
             self.register_buffer("mean", mean, persistent=False)
             self.register_buffer("std", std, persistent=False)
 

@@ -24,21 +24,6 @@ import numpy as np  # noqa: E402
 
 import memory  # noqa: E402  (benchmarks/memory.py: peak resident memory, standard library only)
 
-GAUSSIAN_MEMBERSHIPS = (
-    (-1.645, 0.283),
-    (-1.080, 0.170),
-    (-0.739, 0.134),
-    (-0.468, 0.118),
-    (-0.228, 0.114),
-    (0.0, 0.114),
-    (0.228, 0.114),
-    (0.468, 0.118),
-    (0.739, 0.134),
-    (1.080, 0.170),
-    (1.645, 0.283),
-)
-"""``(mean, standard deviation)`` of the fuzzy histogram's 11 bins, as in batchfold's model."""
-
 
 def parse_args(description: str | None, argv: list[str] | None = None) -> argparse.Namespace:
     """The peer scripts' command line (see ``dgllife_weave.py``'s docstring)."""

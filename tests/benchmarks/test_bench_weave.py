@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import bench_weave  # noqa: E402
 from batchfold.data.molecules import featurize  # noqa: E402
-from batchfold.models.weave import WeaveModel  # noqa: E402
+from batchfold.models.weave import GAUSSIAN_MEMBERSHIPS, WeaveModel  # noqa: E402
 
 SMILES = ("CCO", "c1ccccc1O", "CC(=O)N")
 
@@ -74,6 +74,7 @@ def test_peer_files(tmp_path):
         "gather": "sum",
         "atom_features": 27,
         "pair_features": 12,
+        "gaussian_memberships": [list(bin) for bin in GAUSSIAN_MEMBERSHIPS],
     }
     assert set(stored.files) == {"config", *model.state_dict()}
     assert stored["weave.0.atom_to_pair_layer.weight"].dtype == np.float32
