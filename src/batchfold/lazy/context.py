@@ -8,18 +8,19 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .recorder import Recorder
 
-_LOCAL = threading.local()  # .active: this thread's recorders, innermost last
+THREAD = threading.local()
+"""This thread's state: ``.active``, its recorders, innermost last (see :func:`active_stack`)."""
 
 
 def active_stack() -> list[Recorder]:
     """This thread's recorders, innermost last (made on first use)."""
-    active = getattr(_LOCAL, "active", None)
+    active = getattr(THREAD, "active", None)
     if active is None:
-        active = _LOCAL.active = []
+        active = THREAD.active = []
     return active
 
 
 def active_recorder() -> Recorder | None:
     """The recorder of the ``batch_map`` running in this thread, if any."""
-    active = getattr(_LOCAL, "active", None)
+    active = getattr(THREAD, "active", None)
     return active[-1] if active else None

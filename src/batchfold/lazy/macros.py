@@ -25,19 +25,12 @@ from torch.nn.modules import module as _TORCH_MODULE
 from ..graph import OUT_BITS, Signature, TensorMeta
 from ..ops import OpRule
 from . import dispatch
-from .context import _LOCAL
+from .context import THREAD
 from .inference import template
 from .kept import keep, kept
 from .lengths import Guard
-from .ragged_macros import (
-    BY_SHAPE,
-    ORIGINAL_CALL,
-    RaggedMacro,
-    RaggedTemplate,
-    call_ragged,
-    ragged_hit,
-    ragged_key,
-)
+from .ragged_keys import BY_SHAPE, by_shape, ragged_hit, ragged_key
+from .ragged_macros import ORIGINAL_CALL, RaggedMacro, RaggedTemplate, call_ragged
 from .semantics import grad_mode, own_hooks
 from .sites import user_site
 from .tensor import Lazy, build, has_lazy
@@ -153,15 +146,9 @@ class ModuleCache:
             if found is None:
                 self.misses[f"{type(module).__name__}: {SEQUENCES}"] += 1
                 return ORIGINAL_CALL(module, *args, **kwargs)
-            seen = self.entries.get(found[0])
-            if seen is None or seen.macro is not None:
+            rows = any(len(m.shape) >= 2 for m in found[2])
+            if not by_shape(self.entries.get(found[0]), found[4], rows):
                 return call_ragged(self, module, args, kwargs, *found)
-            if seen.reason is not None and any(len(m.shape) >= 2 for m in found[2]):
-                return call_ragged(self, module, args, kwargs, *found)  # op by op: ragged ops
-            if seen.reason is None and seen.length != found[4]:
-                return call_ragged(self, module, args, kwargs, *found)
-            # the length its trace had and no other yet (a fixed size, maybe), or word ids
-            # the ragged trace refused: keyed by shape, as for any other call
         inputs: list[int] = []
         key = (id(module), module.training, grad_mode(), rec.args_key(args, inputs))
         if kwargs:
@@ -366,7 +353,7 @@ def _global_hooks() -> bool:
 
 
 def _module_call(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    active = getattr(_LOCAL, "active", None)  # active_recorder(), inline
+    active = getattr(THREAD, "active", None)  # active_recorder(), inline
     rec = active[-1] if active else None
     if rec is None or rec.modules is None or rec.trace is not None or _global_hooks():
         return ORIGINAL_CALL(module, *args, **kwargs)  # global hooks run on every call: op by op

@@ -1,7 +1,7 @@
 """Cached traces of module calls on ragged inputs: one node per call, whatever its length.
 
 A module called on a sequence ``[T, d]`` (or a molecule's ``[atoms, d]``) is keyed with the
-leading dim of its ragged inputs left out (see :func:`ragged_key`), so calls of every length
+leading dim of its ragged inputs left out (see :mod:`.ragged_keys`), so calls of every length
 share one cache entry. A trace becomes a :class:`RaggedTemplate` when every op that reads a
 ragged value has a ragged rule (:mod:`batchfold.ragged`) for exactly those inputs at the
 call's length, and ops on fixed values only read fixed values. The entry is confirmed by two
@@ -30,11 +30,12 @@ from torch import nn
 from ..execute import run_op, run_ragged, sources_batch
 from ..graph import Graph, Signature, TensorMeta
 from ..ops import OpRule
-from ..ragged import Family, family_key, ragged_meta
-from .inference import lazy_metas, template
+from ..ragged import Family
+from .inference import template
 from .kept import keep, kept
 from .lengths import FIXED, ROWS, SQUARE, class_of, guards_hold, rows_flag
-from .semantics import grad_mode, own_hooks
+from .ragged_keys import RAGGED
+from .semantics import own_hooks
 from .sites import user_site
 from .tensor import Lazy, build
 from .traces import Template, reads_fit, same_ops
@@ -45,124 +46,7 @@ if TYPE_CHECKING:
 
 Tensor = torch.Tensor
 ORIGINAL_CALL = nn.Module.__call__
-RAGGED = "ragged call"
-BY_SHAPE = object()  # see ragged_hit
 GUARDED = "a comparison on the length of its ragged inputs answers otherwise: recorded op by op"
-
-
-def ragged_key(
-    cache: ModuleCache, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[Any, list[int], tuple[TensorMeta, ...], tuple[int, ...], tuple[int, ...]] | None:
-    """The cache key of a call with its ragged inputs' lengths left out, its input value ids
-    and metas, each input's flag (see :mod:`.lengths`) and each length class's length.
-
-    The ragged inputs are those of the highest rank; each distinct leading dim among them is
-    a length class, numbered in input order (a molecule's atoms, then its pairs). An input
-    ``[L, L]`` of a call of one class is its adjacency. ``None`` when a length is 0.
-    """
-    metas: list[TensorMeta] = []
-    lazy_metas(args, metas)
-    positional = len(metas)
-    if kwargs:
-        lazy_metas(kwargs, metas)
-    found = length_classes(tuple(metas))
-    if found is None:
-        return None
-    classes, lengths = found
-    square = -1
-    if len(lengths) == 1:
-        squares = [i for i, m in enumerate(metas) if m.shape == (lengths[0], lengths[0])]
-        square = squares[0] if len(squares) == 1 else -1  # several: rows (their key holds L)
-    ragged_in = tuple(c >= 0 for c in classes)
-    inputs: list[int] = []
-    rec = cache.rec
-    parts = rec.args_key(args, inputs)
-    head = (RAGGED, id(module), module.training, grad_mode(), classes)
-    kparts = rec.kwargs_key(kwargs, inputs) if kwargs else None
-    key = _key(head, parts, kparts, metas, positional, ragged_in, square)
-    flags = tuple(FIXED if c < 0 else rows_flag(c) for c in classes)
-    if square >= 0:  # [L, d] with d == L, say: the call of rows, if that is cached
-        rows_key = _key(head, parts, kparts, metas, positional, ragged_in, -1)
-        rows = cache.entries.get(rows_key)
-        if rows is not None and rows.macro is not None:
-            return rows_key, inputs, tuple(metas), flags, lengths
-        flags = tuple(SQUARE if i == square else f for i, f in enumerate(flags))
-    return key, inputs, tuple(metas), flags, lengths
-
-
-def ragged_hit(
-    cache: ModuleCache, module: nn.Module, metas: list[TensorMeta], inputs: list[int], mode: int
-) -> Any:
-    """The common ragged call on a fast path: positional lazy arguments of one rank (2 or
-    more) and one leading length, none ``[L, L]``, and a confirmed macro whose guards hold.
-    Its lazy result; :data:`BY_SHAPE` for a call of the one length its module was traced at
-    (keyed by shape, as :meth:`ModuleCache.call` does then); or ``None`` (then
-    :func:`ragged_key` and :func:`call_ragged`). The key is the one :func:`ragged_key` makes
-    for such a call; ``mode`` is :func:`grad_mode`'s."""
-    shape = metas[0].shape
-    rank, length = len(shape), shape[0] if shape else 0
-    if rank < 2 or length == 0:
-        return None
-    for m in metas:
-        s = m.shape
-        if len(s) != rank or s[0] != length or (rank == 2 and s[1] == length):
-            return None
-    flat = tuple(ragged_meta(m) for m in metas)
-    key = (RAGGED, id(module), module.training, mode, (0,) * len(metas), flat)
-    entry = cache.entries.get(key)
-    lengths = (length,)
-    if entry is None:
-        return None
-    if entry.macro is None:  # traced at one length only: calls of that length go by shape
-        return BY_SHAPE if entry.reason is None and entry.length == lengths else None
-    if own_hooks(module) or not guards_hold(entry.guards, lengths):
-        return None
-    cache.hits += 1
-    return entry.macro.node(cache.rec, inputs, tuple(metas), lengths)
-
-
-def length_classes(
-    metas: tuple[TensorMeta, ...],
-) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """Each input's length class (-1: not ragged) and each class's length: the inputs of the
-    highest rank are ragged, one class per distinct leading dim. ``None`` if a length is 0
-    or no input has a dim."""
-    rank = max((len(m.shape) for m in metas), default=0)
-    if rank == 0:
-        return None
-    lengths: list[int] = []
-    classes = []
-    for m in metas:
-        if len(m.shape) != rank:
-            classes.append(-1)
-            continue
-        length = m.shape[0]
-        if length == 0:
-            return None
-        if length not in lengths:
-            lengths.append(length)
-        classes.append(lengths.index(length))
-    return tuple(classes), tuple(lengths)
-
-
-def _key(
-    head: tuple[Any, ...],
-    parts: tuple[Any, ...],
-    kparts: tuple[Any, ...] | None,
-    metas: list[TensorMeta],
-    positional: int,
-    ragged_in: tuple[bool, ...],
-    square: int,
-) -> Any:
-    if square < 0 and len(parts) == len(metas) and all(type(p) is TensorMeta for p in parts):
-        flat = tuple(ragged_meta(m) if r else m for m, r in zip(parts, ragged_in, strict=True))
-        key: Any = (*head, flat)
-    else:
-        key = family_key((*head, parts), ragged_in, square)
-    if kparts is not None:
-        kwargs_square = square - positional if square >= positional else -1
-        key = (*key, family_key(kparts, ragged_in[positional:], kwargs_square))
-    return key
 
 
 def call_ragged(

@@ -1,0 +1,156 @@
+"""The cache keys of module calls on ragged inputs, and the fast path of the common one.
+
+A call on sequences is keyed with the leading dim of its ragged inputs left out
+(:func:`ragged_key`), so calls of every length share one entry; :func:`ragged_hit` makes the
+same key for the common call (lazy positional arguments of one rank and one length) without
+the general walk, and :func:`by_shape` says when such a call goes by its exact shape instead.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from torch import nn
+
+from ..graph import TensorMeta
+from ..ragged import family_key, ragged_meta
+from .inference import lazy_metas
+from .lengths import FIXED, SQUARE, guards_hold, rows_flag
+from .semantics import grad_mode, own_hooks
+
+if TYPE_CHECKING:
+    from .macros import ModuleCache, _Entry
+
+RAGGED = "ragged call"
+BY_SHAPE = object()  # see ragged_hit
+
+
+def ragged_key(
+    cache: ModuleCache, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Any, list[int], tuple[TensorMeta, ...], tuple[int, ...], tuple[int, ...]] | None:
+    """The cache key of a call with its ragged inputs' lengths left out, its input value ids
+    and metas, each input's flag (see :mod:`.lengths`) and each length class's length.
+
+    The ragged inputs are those of the highest rank; each distinct leading dim among them is
+    a length class, numbered in input order (a molecule's atoms, then its pairs). An input
+    ``[L, L]`` of a call of one class is its adjacency. ``None`` when a length is 0.
+    """
+    metas: list[TensorMeta] = []
+    lazy_metas(args, metas)
+    positional = len(metas)
+    if kwargs:
+        lazy_metas(kwargs, metas)
+    found = length_classes(tuple(metas))
+    if found is None:
+        return None
+    classes, lengths = found
+    square = -1
+    if len(lengths) == 1:
+        squares = [i for i, m in enumerate(metas) if m.shape == (lengths[0], lengths[0])]
+        square = squares[0] if len(squares) == 1 else -1  # several: rows (their key holds L)
+    ragged_in = tuple(c >= 0 for c in classes)
+    inputs: list[int] = []
+    rec = cache.rec
+    parts = rec.args_key(args, inputs)
+    head = _head(module, grad_mode(), classes)
+    kparts = rec.kwargs_key(kwargs, inputs) if kwargs else None
+    key = _key(head, parts, kparts, metas, positional, ragged_in, square)
+    flags = tuple(FIXED if c < 0 else rows_flag(c) for c in classes)
+    if square >= 0:  # [L, d] with d == L, say: the call of rows, if that is cached
+        rows_key = _key(head, parts, kparts, metas, positional, ragged_in, -1)
+        rows = cache.entries.get(rows_key)
+        if rows is not None and rows.macro is not None:
+            return rows_key, inputs, tuple(metas), flags, lengths
+        flags = tuple(SQUARE if i == square else f for i, f in enumerate(flags))
+    return key, inputs, tuple(metas), flags, lengths
+
+
+def ragged_hit(
+    cache: ModuleCache, module: nn.Module, metas: list[TensorMeta], inputs: list[int], mode: int
+) -> Any:
+    """The common ragged call on a fast path: positional lazy arguments of one rank (2 or
+    more) and one leading length, none ``[L, L]``, and a confirmed macro whose guards hold.
+    Its lazy result; :data:`BY_SHAPE` for a call of the one length its module was traced at
+    (keyed by shape, as :meth:`ModuleCache.call` does then); or ``None`` (then
+    :func:`ragged_key` and :func:`call_ragged`). The key is the one :func:`ragged_key` makes
+    for such a call; ``mode`` is :func:`grad_mode`'s."""
+    shape = metas[0].shape
+    rank, length = len(shape), shape[0] if shape else 0
+    if rank < 2 or length == 0:
+        return None
+    for m in metas:
+        s = m.shape
+        if len(s) != rank or s[0] != length or (rank == 2 and s[1] == length):
+            return None
+    flat = tuple(ragged_meta(m) for m in metas)  # _key's, every input ragged
+    entry = cache.entries.get((*_head(module, mode, (0,) * len(metas)), flat))
+    lengths = (length,)
+    if entry is None:
+        return None
+    if entry.macro is None:
+        return BY_SHAPE if by_shape(entry, lengths, True) else None
+    if own_hooks(module) or not guards_hold(entry.guards, lengths):
+        return None
+    cache.hits += 1
+    return entry.macro.node(cache.rec, inputs, tuple(metas), lengths)
+
+
+def by_shape(entry: _Entry | None, lengths: tuple[int, ...], rows: bool) -> bool:
+    """Whether a call on sequences goes by shape (keyed like any other call): its module has
+    a ragged entry without a macro, traced at these lengths and no other yet (a fixed size,
+    maybe), or refused by the ragged trace while the call has no input of rank 2 or more
+    (word ids). ``rows``: whether it has one."""
+    if entry is None or entry.macro is not None:
+        return False
+    if entry.reason is not None:
+        return not rows
+    return entry.length == lengths
+
+
+def _head(module: nn.Module, mode: int, classes: tuple[int, ...]) -> tuple[Any, ...]:
+    """The start of a ragged call's cache key (see :func:`ragged_key`)."""
+    return (RAGGED, id(module), module.training, mode, classes)
+
+
+def length_classes(
+    metas: tuple[TensorMeta, ...],
+) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """Each input's length class (-1: not ragged) and each class's length: the inputs of the
+    highest rank are ragged, one class per distinct leading dim. ``None`` if a length is 0
+    or no input has a dim."""
+    rank = max((len(m.shape) for m in metas), default=0)
+    if rank == 0:
+        return None
+    lengths: list[int] = []
+    classes = []
+    for m in metas:
+        if len(m.shape) != rank:
+            classes.append(-1)
+            continue
+        length = m.shape[0]
+        if length == 0:
+            return None
+        if length not in lengths:
+            lengths.append(length)
+        classes.append(lengths.index(length))
+    return tuple(classes), tuple(lengths)
+
+
+def _key(
+    head: tuple[Any, ...],
+    parts: tuple[Any, ...],
+    kparts: tuple[Any, ...] | None,
+    metas: list[TensorMeta],
+    positional: int,
+    ragged_in: tuple[bool, ...],
+    square: int,
+) -> Any:
+    if square < 0 and len(parts) == len(metas) and all(type(p) is TensorMeta for p in parts):
+        flat = tuple(ragged_meta(m) if r else m for m, r in zip(parts, ragged_in, strict=True))
+        key: Any = (*head, flat)
+    else:
+        key = family_key((*head, parts), ragged_in, square)
+    if kparts is not None:
+        kwargs_square = square - positional if square >= positional else -1
+        key = (*key, family_key(kparts, ragged_in[positional:], kwargs_square))
+    return key
