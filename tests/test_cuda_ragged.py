@@ -25,7 +25,14 @@ from batchfold.models.weave import WeaveModel, weave_predict
 from batchfold.schedule import Scheduler
 from random_molecules import random_molecule
 from test_ragged_lengths import SIZES, EdgeLayer, _graphs
-from test_ragged_macros import Encoder, MessagePassing, RandomSequenceModel, _nodes, _sequences
+from test_ragged_macros import (
+    Encoder,
+    MessagePassing,
+    RandomSequenceModel,
+    _nodes,
+    _sequences,
+    _weighted,
+)
 
 DEV = torch.device("cuda", 0)
 SCHEDULERS: list[Scheduler] = ["agenda", "depth"]
@@ -42,10 +49,6 @@ def _on_gpu(value: Any) -> Any:
     if isinstance(value, tuple | list):
         return type(value)(_on_gpu(v) for v in value)
     return value
-
-
-def _weighted(outputs: list[torch.Tensor]) -> torch.Tensor:
-    return torch.stack([(i + 1) * o.sum() for i, o in enumerate(outputs)]).sum()
 
 
 def _check(module: nn.Module, fn: Callable[[Any], Any], items: list[Any], scheduler: Scheduler):

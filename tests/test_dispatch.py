@@ -25,8 +25,12 @@ class Head(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = F.layer_norm(F.relu(self.lin(x)), (6,))
+        h = F.dropout(h, p=0.3, training=self.training)  # random: drawn per instance
+        F.leaky_relu(h, 0.1, inplace=True)  # in place, by keyword
         a, b = h.split(3, dim=-1)  # Tensor.split is Python (torch._tensor)
-        mixed = torch.einsum("i,i->i", a, F.softmax(b, dim=-1))  # torch.functional
+        with torch.no_grad():  # no gradient reaches lin through the weights
+            weights = F.softmax(b, dim=-1)
+        mixed = torch.einsum("i,i->i", a, weights)  # torch.functional
         return F.log_softmax(torch.cat([mixed, a]), dim=-1)
 
 
@@ -48,14 +52,20 @@ def _run(model: Head, items: list[tuple[torch.Tensor, int]], scheduler: Schedule
 
 @pytest.mark.parametrize("scheduler", ["agenda", "depth"])
 @pytest.mark.parametrize("cache_modules", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "dropout"])
 def test_the_short_path_records_what_pytorchs_path_records(
-    scheduler: Scheduler, cache_modules: bool, monkeypatch: pytest.MonkeyPatch
+    scheduler: Scheduler,
+    cache_modules: bool,
+    dtype: torch.dtype,
+    training: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     torch.manual_seed(0)
-    model = Head().double()
+    model = Head().to(dtype).train(training)
     if not cache_modules:
         bf.no_cache(model)
-    items = [(torch.randn(6, dtype=torch.float64), i % 6) for i in range(9)]
+    items = [(torch.randn(6, dtype=dtype), i % 6) for i in range(9)]
     calls = []
     short = dispatch.handle
 
@@ -64,17 +74,21 @@ def test_the_short_path_records_what_pytorchs_path_records(
         return short(*args, **kwargs)
 
     monkeypatch.setattr(dispatch, "handle", counted)
+    torch.manual_seed(1)
     got, got_grads, got_plan = _run(model, items, scheduler)
     assert F.cross_entropy in calls and F.layer_norm in calls
     monkeypatch.setattr(dispatch, "handle", dispatch.ORIGINAL)  # PyTorch's own path
+    torch.manual_seed(1)
     want, want_grads, want_plan = _run(model, items, scheduler)
     assert got_plan == want_plan
-    eager = [_loss(model, i) for i in items]
-    eager_grads = torch.autograd.grad(torch.stack(eager).sum(), list(model.parameters()))
-    everything = zip([*got, *got_grads], [*want, *want_grads], [*eager, *eager_grads], strict=True)
-    for g, w, e in everything:
-        torch.testing.assert_close(g, w, rtol=0, atol=0)
-        torch.testing.assert_close(g, e)
+    for g, w in zip([*got, *got_grads], [*want, *want_grads], strict=True):
+        assert g.dtype == w.dtype == dtype
+        torch.testing.assert_close(g, w, rtol=0, atol=0)  # the same draws, bit for bit
+    if not training:  # dropout draws per instance in batch_map, in order eagerly
+        eager = [_loss(model, i) for i in items]
+        eager_grads = torch.autograd.grad(torch.stack(eager).sum(), list(model.parameters()))
+        for g, e in zip([*got, *got_grads], [*eager, *eager_grads], strict=True):
+            torch.testing.assert_close(g, e)
 
 
 def test_pytorchs_function_is_back_after_batch_map_and_after_an_error() -> None:
