@@ -58,6 +58,20 @@ last_error() {
     echo "${line:-unknown error (see $1)}"
 }
 
+# ensure NAME LOG VENV DIST VERSION [PIP-OPTION...]: pip-install DIST==VERSION into VENV unless
+# that version is there; on failure, print NAME's "unavailable" line and return 1.
+ensure() {
+    local name="$1" log="$2" venv="$3" dist="$4" version="$5"
+    shift 5
+    local have
+    have="$("$venv/bin/python" -c "from importlib.metadata import version; print(version('$dist').split('+')[0])" 2>/dev/null)"
+    [ "$have" = "$version" ] && return 0
+    if ! "$venv/bin/pip" install --disable-pip-version-check "$@" "$dist==$version" >>"$log" 2>&1; then
+        echo "$name: unavailable: pip install $dist==$version failed: $(last_error "$log")"
+        return 1
+    fi
+}
+
 setup_dynet() {
     local log="$root/dynet-setup.log" venv="$root/dynet"
     : >"$log"
@@ -101,18 +115,8 @@ setup_dgl() {
         return
     fi
     local py="$venv/bin/python" pip="$venv/bin/pip --disable-pip-version-check"
-    if [ "$("$py" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null)" != "$TORCH_VERSION" ]; then
-        if ! $pip install "torch==$TORCH_VERSION" >>"$log" 2>&1; then
-            echo "dgl: unavailable: pip install torch==$TORCH_VERSION failed: $(last_error "$log")"
-            return
-        fi
-    fi
-    if [ "$("$py" -c 'from importlib.metadata import version; print(version("dgl"))' 2>/dev/null)" != "$DGL_VERSION" ]; then
-        if ! $pip install --no-deps "dgl==$DGL_VERSION" >>"$log" 2>&1; then
-            echo "dgl: unavailable: pip install dgl==$DGL_VERSION failed: $(last_error "$log")"
-            return
-        fi
-    fi
+    ensure dgl "$log" "$venv" torch "$TORCH_VERSION" || return
+    ensure dgl "$log" "$venv" dgl "$DGL_VERSION" --no-deps || return
     # DGL's own run-time dependencies (it was installed without them).
     if ! $pip install "numpy<2" scipy networkx psutil tqdm requests packaging >>"$log" 2>&1; then
         echo "dgl: unavailable: installing DGL's dependencies failed: $(last_error "$log")"
@@ -145,12 +149,7 @@ EOF
 setup_dgllife() {
     local log="$root/dgl-setup.log" py="$root/dgl/bin/python"
     local pip="$root/dgl/bin/pip --disable-pip-version-check"
-    if [ "$("$py" -c 'from importlib.metadata import version; print(version("dgllife"))' 2>/dev/null)" != "$DGLLIFE_VERSION" ]; then
-        if ! $pip install --no-deps "dgllife==$DGLLIFE_VERSION" >>"$log" 2>&1; then
-            echo "dgllife: unavailable: pip install dgllife==$DGLLIFE_VERSION failed: $(last_error "$log")"
-            return
-        fi
-    fi
+    ensure dgllife "$log" "$root/dgl" dgllife "$DGLLIFE_VERSION" --no-deps || return
     # What `import dgllife` needs (its data and model modules import these at load time).
     if ! $pip install "numpy<2" pandas scikit-learn rdkit >>"$log" 2>&1; then
         echo "dgllife: unavailable: installing dgllife's dependencies failed: $(last_error "$log")"
@@ -192,18 +191,8 @@ setup_pyg() {
         return
     fi
     local py="$venv/bin/python" pip="$venv/bin/pip --disable-pip-version-check"
-    if [ "$("$py" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null)" != "$TORCH_VERSION" ]; then
-        if ! $pip install "torch==$TORCH_VERSION" >>"$log" 2>&1; then
-            echo "pyg: unavailable: pip install torch==$TORCH_VERSION failed: $(last_error "$log")"
-            return
-        fi
-    fi
-    if [ "$("$py" -c 'from importlib.metadata import version; print(version("torch_geometric"))' 2>/dev/null)" != "$PYG_VERSION" ]; then
-        if ! $pip install --no-deps "torch_geometric==$PYG_VERSION" >>"$log" 2>&1; then
-            echo "pyg: unavailable: pip install torch_geometric==$PYG_VERSION failed: $(last_error "$log")"
-            return
-        fi
-    fi
+    ensure pyg "$log" "$venv" torch "$TORCH_VERSION" || return
+    ensure pyg "$log" "$venv" torch_geometric "$PYG_VERSION" --no-deps || return
     # What `import torch_geometric` needs (it was installed without its dependencies).
     if ! $pip install numpy xxhash tqdm psutil requests >>"$log" 2>&1; then
         echo "pyg: unavailable: installing torch_geometric's dependencies failed: $(last_error "$log")"
