@@ -37,6 +37,8 @@ module one size for atoms and pairs). On top, batchfold's readout and head writt
 ``tanh(W A_i)`` (or its 11-bin Gaussian histogram), summed over each graph's atoms
 (``dgl.readout_nodes``), then ``output(relu(hidden_layer(x)))``. The loss is the summed
 squared error against ``target``.
+``build_model`` and ``molecule_graph`` make the model and a molecule's graph;
+``dgllife_weave_train.py`` imports them to train the model to accuracy.
 
 How dgllife's ``WeaveLayer`` differs from batchfold's, and what is done about it (with these,
 the two compute the same function, and the same gradients for batchfold's parameters):
@@ -110,26 +112,19 @@ from weave_io import (  # noqa: E402
 )
 
 
-def main(argv=None) -> int:
-    """Load, check the options, then print the loss or the timings (see the docstring)."""
-    args = parse_args(__doc__, argv)
-    torch = start_torch(args.threads)
-    import dgl
+def build_model(config, weights):
+    """dgllife's Weave modules with batchfold's readout and head, holding ``weights``.
 
-    try:
-        import dgllife
-        from dgllife.model.gnn.weave import WeaveGNN, WeaveLayer
-    except ImportError as error:
-        print(
-            f"dgllife is not installed ({error}); run bash benchmarks/setup_peers.sh",
-            file=sys.stderr,
-        )
-        return 1
+    ``weights`` are batchfold's tensors by ``state_dict`` name, loaded as the docstring says.
+    Its ``predict(bg)`` gives the predictions ``[graphs, n_tasks]``; calling it on a batched
+    graph and the targets gives the summed squared error.
+    """
+    import dgl
+    import torch
+    from dgllife.model.gnn.weave import WeaveGNN, WeaveLayer
     from torch import nn
     from torch.nn.utils import parametrize
 
-    config, arrays = load_weights(args.weights)
-    weights = {k: torch.from_numpy(v) for k, v in arrays.items()}
     n_modules, atom_dim, pair_dim = config["n_modules"], config["atom_dim"], config["pair_dim"]
 
     class RepeatFirstBlock(nn.Module):
@@ -207,7 +202,8 @@ def main(argv=None) -> int:
                 "std", torch.tensor([s for _, s in config["gaussian_memberships"]])
             )
 
-        def forward(self, bg, target):
+        def predict(self, bg):
+            """The predictions of a batched graph's molecules, ``[graphs, n_tasks]``."""
             atoms = self.gnn(bg, bg.ndata["x"], bg.edata["e"], node_only=True)
             r = torch.tanh(self.atom_readout(atoms))
             if self.gaussian:
@@ -216,21 +212,49 @@ def main(argv=None) -> int:
             with bg.local_scope():
                 bg.ndata["r"] = r
                 molecule = dgl.readout_nodes(bg, "r", op="sum")
-            prediction = self.output(torch.relu(self.hidden_layer(molecule)))
-            return (prediction - target).pow(2).sum()
+            return self.output(torch.relu(self.hidden_layer(molecule)))
 
-    def molecule_graph(atoms, pairs, index):
-        """One molecule's graph: an edge per ordered pair (i, j), from j to i."""
-        index = torch.from_numpy(index.copy())
-        g = dgl.graph((index[:, 1], index[:, 0]), num_nodes=len(atoms))
-        g.ndata["x"] = torch.from_numpy(atoms.copy())
-        g.edata["e"] = torch.from_numpy(pairs.copy())
-        return g
+        def forward(self, bg, target):
+            return (self.predict(bg) - target).pow(2).sum()
+
+    return Weave()
+
+
+def molecule_graph(atoms, pairs, index):
+    """One molecule's graph: an edge per ordered pair (i, j), from j to i."""
+    import dgl
+    import torch
+
+    index = torch.from_numpy(index.copy())
+    g = dgl.graph((index[:, 1], index[:, 0]), num_nodes=len(atoms))
+    g.ndata["x"] = torch.from_numpy(atoms.copy())
+    g.edata["e"] = torch.from_numpy(pairs.copy())
+    return g
+
+
+def main(argv=None) -> int:
+    """Load, check the options, then print the loss or the timings (see the docstring)."""
+    args = parse_args(__doc__, argv)
+    torch = start_torch(args.threads)
+    import dgl
+
+    try:
+        import dgllife
+        from dgllife.model.gnn.weave import WeaveGNN, WeaveLayer  # noqa: F401
+    except ImportError as error:
+        print(
+            f"dgllife is not installed ({error}); run bash benchmarks/setup_peers.sh",
+            file=sys.stderr,
+        )
+        return 1
+
+    config, arrays = load_weights(args.weights)
+    weights = {k: torch.from_numpy(v) for k, v in arrays.items()}
 
     molecules = load_molecules(args.molecules)
     graphs = [molecule_graph(a, p, i) for a, p, i, _ in molecules]
     targets = [torch.from_numpy(t.copy()) for *_, t in molecules]
-    model = Weave()
+    model = build_model(config, weights)
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=args.lr)
     version = f"dgllife {dgllife.__version__}, dgl {dgl.__version__}, torch {torch.__version__}"
 

@@ -41,6 +41,8 @@ pair ``(i, j)``:
 Then ``tanh(W A_i)`` (or its 11-bin Gaussian histogram) summed over each graph's atoms
 (``torch_geometric.nn.global_add_pool``), and ``output(relu(hidden_layer(x)))``. The loss is
 the summed squared error against ``y``.
+``build_model`` and ``molecule_data`` make the model and a molecule's ``Data``;
+``pyg_weave_train.py`` imports them to train the model to accuracy.
 
 Timing
 ------
@@ -78,26 +80,18 @@ from weave_io import (  # noqa: E402
 )
 
 
-def main(argv=None) -> int:
-    """Load, check the options, then print the loss or the timings (see the docstring)."""
-    args = parse_args(__doc__, argv)
-    torch = start_torch(args.threads)
-    try:
-        import torch_geometric
-        from torch_geometric.data import Batch, Data
-        from torch_geometric.nn import global_add_pool
-        from torch_geometric.utils import scatter
-    except ImportError as error:
-        print(
-            f"torch_geometric is not installed ({error}); run bash benchmarks/setup_peers.sh",
-            file=sys.stderr,
-        )
-        return 1
+def build_model(config, weights):
+    """The Weave model in PyG (see the docstring) holding ``weights``, batchfold's tensors.
+
+    Its ``predict(batch)`` gives the predictions ``[graphs, n_tasks]``; calling it on a batch
+    gives the summed squared error against ``batch.y``.
+    """
+    import torch
     from torch import nn
     from torch.nn import functional as F
+    from torch_geometric.nn import global_add_pool
+    from torch_geometric.utils import scatter
 
-    config, arrays = load_weights(args.weights)
-    weights = {k: torch.from_numpy(v) for k, v in arrays.items()}
     n_modules, atom_dim, pair_dim = config["n_modules"], config["atom_dim"], config["pair_dim"]
 
     class WeaveLayer(nn.Module):
@@ -156,7 +150,8 @@ def main(argv=None) -> int:
             self.register_buffer("mean", mean, persistent=False)
             self.register_buffer("std", std, persistent=False)
 
-        def forward(self, batch):
+        def predict(self, batch):
+            """The predictions of a batch's graphs, ``[graphs, n_tasks]``."""
             x, pairs = batch.x, batch.edge_attr
             for layer in self.weave:
                 x, new_pairs = layer(x, batch.edge_index, pairs)
@@ -167,22 +162,48 @@ def main(argv=None) -> int:
                 w = torch.exp(-0.5 * ((r.unsqueeze(-1) - self.mean) / self.std) ** 2)
                 r = (w / w.sum(dim=-1, keepdim=True)).flatten(-2)
             molecule = global_add_pool(r, batch.batch, size=batch.num_graphs)
-            prediction = self.output(torch.relu(self.hidden_layer(molecule)))
-            return (prediction - batch.y).pow(2).sum()
+            return self.output(torch.relu(self.hidden_layer(molecule)))
 
-    def molecule_data(atoms, pairs, index, target):
-        """One molecule's ``Data``: an edge per ordered pair (i, j), from j to i."""
-        index = torch.from_numpy(index.copy())
-        return Data(
-            x=torch.from_numpy(atoms.copy()),
-            edge_index=torch.stack([index[:, 1], index[:, 0]]),
-            edge_attr=torch.from_numpy(pairs.copy()),
-            y=torch.from_numpy(target.copy()).unsqueeze(0),
-        )
+        def forward(self, batch):
+            return (self.predict(batch) - batch.y).pow(2).sum()
 
-    graphs = [molecule_data(*m) for m in load_molecules(args.molecules)]
     model = Weave()
     model.load_state_dict(weights)
+    return model
+
+
+def molecule_data(atoms, pairs, index, target):
+    """One molecule's ``Data``: an edge per ordered pair (i, j), from j to i."""
+    import torch
+    from torch_geometric.data import Data
+
+    index = torch.from_numpy(index.copy())
+    return Data(
+        x=torch.from_numpy(atoms.copy()),
+        edge_index=torch.stack([index[:, 1], index[:, 0]]),
+        edge_attr=torch.from_numpy(pairs.copy()),
+        y=torch.from_numpy(target.copy()).unsqueeze(0),
+    )
+
+
+def main(argv=None) -> int:
+    """Load, check the options, then print the loss or the timings (see the docstring)."""
+    args = parse_args(__doc__, argv)
+    torch = start_torch(args.threads)
+    try:
+        import torch_geometric
+        from torch_geometric.data import Batch
+    except ImportError as error:
+        print(
+            f"torch_geometric is not installed ({error}); run bash benchmarks/setup_peers.sh",
+            file=sys.stderr,
+        )
+        return 1
+
+    config, arrays = load_weights(args.weights)
+    weights = {k: torch.from_numpy(v) for k, v in arrays.items()}
+    graphs = [molecule_data(*m) for m in load_molecules(args.molecules)]
+    model = build_model(config, weights)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     version = f"torch_geometric {torch_geometric.__version__}, torch {torch.__version__}"
 

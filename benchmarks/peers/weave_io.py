@@ -3,14 +3,18 @@
 This module needs only the standard library and NumPy (and ``benchmarks/memory.py``), so that
 ``dgllife_weave.py`` and ``pyg_weave.py`` can import it from their own virtual environments
 (``benchmarks/.peers/<peer>``) without batchfold. The file formats are described in
-``dgllife_weave.py``'s docstring.
+``dgllife_weave.py``'s docstring. The training mode of the peers (``pyg_weave_train.py``,
+``dgllife_weave_train.py``) shares its command line and loop here: :func:`parse_train_args`
+and :func:`train_to_accuracy`, batchfold's ``esol`` training written out.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
+import math
 import os
 import statistics
 import sys
@@ -146,3 +150,128 @@ def time_modes(
                 "version": version,
             }
             print(json.dumps(line), flush=True)
+
+
+# -- training to accuracy (the *_weave_train.py scripts) ---------------------------------------
+
+
+def parse_train_args(description: str | None, argv: list[str] | None = None) -> argparse.Namespace:
+    """The training scripts' command line: three molecule files, the weights, the loop's options.
+
+    The defaults are ``batchfold train esol``'s.
+    """
+    p = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawTextHelpFormatter
+    )
+    for split in ("train", "dev", "test"):
+        p.add_argument(split, help=f"the {split} molecules (.npz, see dgllife_weave.py)")
+    p.add_argument("--weights", required=True, help="batchfold's initial weights (.npz)")
+    p.add_argument("--epochs", type=int, default=100)
+    p.add_argument("--lr", type=float, default=1e-3, help="Adam's rate at epoch 1")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--eval-batch-size", type=int, default=256)
+    p.add_argument("--seed", type=int, default=0, help="seed of the per-epoch shuffles")
+    p.add_argument("--threads", type=int, default=1)
+    return p.parse_args(argv)
+
+
+def cosine_scale(epoch: int, epochs: int) -> float:
+    """batchfold's ``--lr-schedule cosine`` factor for ``epoch`` (from 1): 1 down to 0."""
+    if epochs <= 1:
+        return 1.0
+    return 0.5 * (1.0 + math.cos(math.pi * (epoch - 1) / (epochs - 1)))
+
+
+def shuffled_batches(n_items: int, batch_size: int, seed: int, epoch: int) -> list[list[int]]:
+    """One epoch's batches of item indices, as batchfold's training loop draws them."""
+    order = np.random.default_rng([seed, epoch]).permutation(n_items).tolist()
+    return [order[i : i + batch_size] for i in range(0, n_items, batch_size)]
+
+
+def train_to_accuracy(
+    args: argparse.Namespace,
+    system: str,
+    version: str,
+    model: Any,
+    predict: Callable[[str, list[int]], Any],
+    targets: dict[str, Any],
+) -> None:
+    """Train as ``batchfold train esol`` does and print one JSON line per epoch, then a summary.
+
+    The targets are standardised with the training split's mean and (n - 1) standard
+    deviation; the loss is the summed squared error of the standardised targets; Adam
+    (``args.lr``, no weight decay) with the rate on a cosine from ``args.lr`` at epoch 1 to 0
+    at the last; the batches of :func:`shuffled_batches`. After each epoch the dev RMSE and
+    MAE (log units); the epoch of the lowest dev RMSE (the first, on a tie) is tested.
+
+    Arguments:
+        args: the options of :func:`parse_train_args`.
+        system: the peer's name for the output.
+        version: its library versions.
+        model: the ``torch.nn.Module`` whose parameters train.
+        predict: ``predict(split, indices)``: the outputs ``[len(indices), n_tasks]`` of those
+            molecules of ``"train"``, ``"dev"`` or ``"test"``, batched by the peer.
+        targets: each split's targets, ``[n, n_tasks]`` float32 (NumPy).
+    """
+    import torch
+
+    train = targets["train"].astype(np.float64)
+    mean = float(train.mean())
+    std = float(train.std(ddof=1)) if train.size > 1 else 0.0
+    std = std if std > 0 else 1.0
+    y = (torch.from_numpy(targets["train"]) - mean) / std  # float32, as batchfold's loss
+
+    def evaluate(split: str) -> dict[str, float]:
+        model.eval()
+        n, size = len(targets[split]), args.eval_batch_size
+        with torch.no_grad():
+            outputs = torch.cat(
+                [predict(split, list(range(i, min(i + size, n)))) for i in range(0, n, size)]
+            )
+        error = (
+            outputs[:, 0].double() * std + mean - torch.from_numpy(targets[split][:, 0]).double()
+        )
+        return {"rmse": error.pow(2).mean().sqrt().item(), "mae": error.abs().mean().item()}
+
+    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=args.lr)
+    start_dev = evaluate("dev")
+    best_rmse, best_epoch, best_dev, best_state = math.inf, 0, start_dev, None
+    run_start = time.perf_counter()
+    train_seconds = 0.0
+    for epoch in range(1, args.epochs + 1):
+        scale = cosine_scale(epoch, args.epochs)
+        for group in optimizer.param_groups:
+            group["lr"] = args.lr * scale
+        model.train()
+        total, t0 = 0.0, time.perf_counter()
+        for indices in shuffled_batches(len(y), args.batch_size, args.seed, epoch):
+            optimizer.zero_grad(set_to_none=True)
+            loss = (predict("train", indices) - y[indices]).pow(2).sum()
+            loss.backward()
+            optimizer.step()
+            total += loss.item()
+        seconds = time.perf_counter() - t0
+        train_seconds += seconds
+        dev = evaluate("dev")
+        line = {"epoch": epoch, "lr_scale": scale, "train_loss": total / len(y), "seconds": seconds}
+        print(json.dumps({**line, "dev": dev}), flush=True)
+        if dev["rmse"] < best_rmse:
+            best_rmse, best_epoch, best_dev = dev["rmse"], epoch, dev
+            best_state = copy.deepcopy(model.state_dict())
+    if best_state is not None:
+        model.load_state_dict(best_state)
+    summary = {
+        "system": system,
+        "best_epoch": best_epoch,
+        "dev": best_dev,
+        "test": evaluate("test"),
+        "dev_at_start": start_dev,
+        "target_mean": mean,
+        "target_std": std,
+        "epochs": args.epochs,
+        "train_seconds": train_seconds,
+        "run_seconds": time.perf_counter() - run_start,
+        "threads": args.threads,
+        "version": version,
+    }
+    print(json.dumps(summary), flush=True)

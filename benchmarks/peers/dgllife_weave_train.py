@@ -1,0 +1,66 @@
+"""The DGL-LifeSci Weave peer (``dgllife_weave.py``) trained to accuracy as batchfold trains ESOL.
+
+Runs inside DGL's virtual environment (``benchmarks/.peers/dgl``); ``benchmarks/
+weave_accuracy.py`` writes its input files and runs it. The same as ``pyg_weave_train.py``
+(its docstring has the inputs, the loop and the output lines) with the model of
+``dgllife_weave.py`` (``build_model``: dgllife's ``WeaveLayer``s holding batchfold's weights,
+the repeated A->P block tied, one DGL graph per molecule from ``molecule_graph``). Each
+training batch is ``dgl.batch`` of its molecules' graphs, inside the step. Parameters that
+get no gradient (dgllife's held-at-zero A->P bias, its last module's unused pair layers) are
+left out of Adam or skipped by it, so the parameters that train are batchfold's.
+
+Usage::
+
+    python dgllife_weave_train.py TRAIN.npz DEV.npz TEST.npz --weights W.npz [--epochs 100]
+        [--lr 1e-3] [--batch-size 32] [--eval-batch-size 256] [--seed 0] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # weave_io beside this file
+os.environ.setdefault("DGLBACKEND", "pytorch")
+
+import numpy as np  # noqa: E402
+from dgllife_weave import build_model, molecule_graph  # noqa: E402
+from weave_io import (  # noqa: E402
+    load_molecules,
+    load_weights,
+    parse_train_args,
+    start_torch,
+    train_to_accuracy,
+)
+
+
+def main(argv=None) -> int:
+    """Load the three splits and the weights, then train and print (see the docstring)."""
+    args = parse_train_args(__doc__, argv)
+    torch = start_torch(args.threads)
+    try:
+        import dgl
+        import dgllife
+    except ImportError as error:
+        print(
+            f"dgllife is not installed ({error}); run bash benchmarks/setup_peers.sh",
+            file=sys.stderr,
+        )
+        return 1
+    config, arrays = load_weights(args.weights)
+    model = build_model(config, {k: torch.from_numpy(v) for k, v in arrays.items()})
+    molecules = {s: load_molecules(getattr(args, s)) for s in ("train", "dev", "test")}
+    graphs = {s: [molecule_graph(a, p, i) for a, p, i, _ in ms] for s, ms in molecules.items()}
+    targets = {s: np.stack([m[3] for m in ms]) for s, ms in molecules.items()}
+
+    def predict(split, indices):
+        """The model's outputs for molecules ``indices`` of ``split``, batched here."""
+        return model.predict(dgl.batch([graphs[split][i] for i in indices]))
+
+    version = f"dgllife {dgllife.__version__}, dgl {dgl.__version__}, torch {torch.__version__}"
+    train_to_accuracy(args, "dgllife", version, model, predict, targets)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
