@@ -262,6 +262,11 @@ class Graph:
         self.node_depth = []
         self.pending_of = [Pending() if p.nodes else p for p in self.pending_of]
 
+    def release(self) -> None:
+        """Forget every signature and pending node (see ``Recorder.release``)."""
+        self.signatures, self.pending_of, self.node_depth = [], [], []
+        self.families, self._by_key = {}, {}
+
     def lint(self) -> None:
         """Check the pending segment's invariants; raise :class:`GraphError` on a broken graph.
 

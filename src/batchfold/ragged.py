@@ -25,7 +25,7 @@ re-exported here.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from .graph import Signature, Slot, TensorMeta
 from .ragged_kernels import expand_rows, run_family
@@ -33,6 +33,7 @@ from .ragged_kinds import MATMUL_OPS, classify, generic_pattern, member_pattern
 
 __all__ = [
     "Family",
+    "RaggedMeta",
     "classify",
     "expand_rows",
     "family_key",
@@ -71,9 +72,40 @@ class Family:
     replay: Any = None  # "macro": runs a traced module call's ops on packed inputs
 
 
-def ragged_meta(meta: TensorMeta) -> tuple[Any, ...]:
-    """A meta's place in a family key: everything but the length of its leading dim."""
-    return ("ragged", meta.shape[1:], meta.dtype, meta.device)
+class RaggedMeta:
+    """A meta's place in a family key: everything but the length of its leading dim.
+
+    Interned like :class:`~batchfold.graph.TensorMeta`, so that keys holding one hash and
+    compare by identity: a ragged module call looks its key up on every call.
+    """
+
+    __slots__ = ("rest", "dtype", "device")
+    _of: ClassVar[dict[TensorMeta, RaggedMeta]] = {}  # by TensorMeta, itself interned
+    _interned: ClassVar[dict[tuple[Any, ...], RaggedMeta]] = {}
+
+    def __init__(self, rest: tuple[int, ...], dtype: Any, device: Any) -> None:
+        self.rest, self.dtype, self.device = rest, dtype, device
+
+    @classmethod
+    def of(cls, rest: tuple[int, ...], dtype: Any, device: Any) -> RaggedMeta:
+        """The one ``RaggedMeta`` with these fields."""
+        key = (rest, dtype, device)
+        found = cls._interned.get(key)
+        return found if found is not None else cls._interned.setdefault(key, cls(*key))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (RaggedMeta.of, (self.rest, self.dtype, self.device))
+
+    def __repr__(self) -> str:
+        return f"ragged[L, {', '.join(map(str, self.rest))}]".replace(", ]", "]")
+
+
+def ragged_meta(meta: TensorMeta) -> RaggedMeta:
+    """The one :class:`RaggedMeta` of ``meta``."""
+    found = RaggedMeta._of.get(meta)
+    if found is None:
+        found = RaggedMeta._of[meta] = RaggedMeta.of(meta.shape[1:], meta.dtype, meta.device)
+    return found
 
 
 def family_key(key: Any, ragged_in: tuple[bool, ...], square: int = -1) -> Any:
@@ -82,25 +114,28 @@ def family_key(key: Any, ragged_in: tuple[bool, ...], square: int = -1) -> Any:
     A signature key holds its inputs' metas in input order. The ``square`` input
     (``[L, L]``) keeps only its dtype and device.
     """
-    count = [0]
+    return _replace_metas(key, ragged_in, square, [0])
 
-    def replace(part: tuple[Any, ...]) -> tuple[Any, ...]:
-        out = []
-        for item in part:
-            kind = type(item)
-            if kind is TensorMeta:
-                i = count[0]
-                count[0] = i + 1
-                if i == square:
-                    item = ("square", item.dtype, item.device)
-                elif ragged_in[i]:
-                    item = ("ragged", item.shape[1:], item.dtype, item.device)
-            elif kind is tuple:
-                item = replace(item)
-            out.append(item)
-        return tuple(out)
 
-    return replace(key)
+def _replace_metas(
+    part: tuple[Any, ...], ragged_in: tuple[bool, ...], square: int, count: list[int]
+) -> tuple[Any, ...]:
+    # a module-level function, not a closure: a recursive closure is a reference cycle, left
+    # for the garbage collector on every call
+    out = []
+    for item in part:
+        kind = type(item)
+        if kind is TensorMeta:
+            i = count[0]
+            count[0] = i + 1
+            if i == square:
+                item = ("square", item.dtype, item.device)
+            elif ragged_in[i]:
+                item = ragged_meta(item)
+        elif kind is tuple:
+            item = _replace_metas(item, ragged_in, square, count)
+        out.append(item)
+    return tuple(out)
 
 
 def join_family(families: dict[Any, Family], sig: Signature, key: Any) -> None:

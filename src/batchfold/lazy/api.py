@@ -126,15 +126,25 @@ def batch_map(
     active.append(rec)
     macros.install()
     try:
-        with gc_paused(), rec:
-            results = rec.driver.run(fn, instances)
-            rec.stats.instances = len(results)
-            rec.flush()
-            outputs = rec.materialize(results)
+        with gc_paused():
+            try:
+                with rec:
+                    results = rec.driver.run(fn, instances)
+                    rec.stats.instances = len(results)
+                    rec.flush()
+                    outputs = rec.materialize(results)
+                stats = _final_stats(rec, start)
+            finally:
+                rec.release()  # before the collector is back on: see Recorder.release
     finally:
         macros.uninstall()
         active.remove(rec)
-        rec.closed = True
+    _LAST_STATS[:] = [stats]
+    return (outputs, stats) if return_stats else outputs
+
+
+def _final_stats(rec: Recorder, start: float) -> Stats:
+    """The run's statistics, from the recorder's parts, before it releases them."""
     stats = rec.stats
     stats.fallbacks = dict(rec.store.fallbacks.counts)
     stats.syncs = rec.driver.syncs
@@ -150,8 +160,7 @@ def batch_map(
             "schedule": stats.schedule_s,
             "execute": stats.execute_s,
         }
-    _LAST_STATS[:] = [stats]
-    return (outputs, stats) if return_stats else outputs
+    return stats
 
 
 def last_stats() -> Stats | None:

@@ -104,6 +104,14 @@ class ModuleCache:
         self.traced = 0
         self.misses: Counter[str] = Counter()
 
+    def release(self) -> None:
+        """Drop the entries; a ragged macro's member signatures refer back to it, so its
+        members go first (see ``Recorder.release``)."""
+        for entry in self.entries.values():
+            if entry.macro is not None:
+                entry.macro.members.clear()
+        self.entries = {}
+
     def hit(self, module: nn.Module, args: tuple[Any, ...]) -> Any:
         """The common call, on its own fast path: lazy positional arguments only and a
         confirmed entry (for sequences, see :func:`ragged_hit`). Its result, or

@@ -50,6 +50,7 @@ _GETTER = type(Tensor.device.__get__)  # what the mode sees for an attribute rea
 _SET_GRAD = torch._C._set_grad_enabled
 _PASS = frozenset([_SET_GRAD, Tensor.__int__, Tensor.__float__, Tensor.__bool__, Tensor.item])
 _PLAIN = frozenset((type(None), str, int, float, bool))  # keyword values keyed as they are
+_FACTORY_ARGS = frozenset((Tensor, int, float, bool))  # a factory call with these runs at once
 _IMMUTABLE = frozenset(
     [type(None), str, bytes, complex, torch.dtype, torch.device, torch.Size, torch.layout]
 )
@@ -118,6 +119,8 @@ class Recorder(InPlaceWrites, TorchFunctionMode):
                 return self._in_place_keyword(func, args, kwargs)
         if func is _TENSOR and (lazy := self.sources.number(args, kwargs)) is not None:
             return lazy  # torch.tensor(word_id), the common case
+        if func in FACTORIES and not kwargs and all(type(a) in _FACTORY_ARGS for a in args):
+            return self.sources.make(func, args, kwargs)  # torch.as_tensor(x), torch.zeros(n)
         inputs: list[int] = []
         parts = self.args_key(args, inputs)
         if not inputs and func in FACTORIES and not has_lazy((), kwargs):
@@ -333,6 +336,23 @@ class Recorder(InPlaceWrites, TorchFunctionMode):
         sig.grad, sig.shared = first.grad, first.shared
         sig.family, sig.length, sig.pool = family, length, family.rep
         return sig
+
+    def release(self) -> None:
+        """Drop what the run held, once its results and statistics are out.
+
+        The graph, its signatures, the module cache's ragged macros and the recorder refer to
+        each other; left as they are, each ``batch_map`` leaves a thousand or so objects that
+        only the cyclic garbage collector frees, and the collections they trigger (every
+        tenth a larger one, every hundredth one of the whole process) cost more than the
+        run's scheduling. Cleared here, reference counting frees them at once. The plan in the
+        statistics keeps its steps' signatures.
+        """
+        self.closed = True
+        self.graph.release()
+        if self.modules is not None:
+            self.modules.release()
+        self.graph, self.store, self.modules, self.trace = Graph(), Executor(), None, None
+        self._memo, self._views_of, self._meta_cache = {}, {}, {}
 
     # -- running -------------------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from .recorder import Recorder
 
 Tensor = torch.Tensor
+_LEAVES = frozenset([int, float, bool, complex, str, bytes, type(None)])
 
 
 class Lazy:
@@ -309,8 +310,12 @@ def _install_methods() -> None:
 _install_methods()
 
 
-def first_lazy(tree: Any) -> Lazy:
-    """The first :class:`Lazy` in nested tuples, lists and dicts."""
+def first_lazy(tree: tuple[Any, Any]) -> Lazy:
+    """The first :class:`Lazy` in a call's ``(args, kwargs)``, nested tuples, lists and dicts too."""
+    args, kwargs = tree
+    for item in args:  # the common case, without tree_leaves's garbage (see map_lazies)
+        if type(item) is Lazy:
+            return item
     for item in tree_leaves(tree):
         if type(item) is Lazy:
             return item
@@ -368,4 +373,6 @@ def map_lazies(fn: Any, obj: Any) -> Any:
         return kind([map_lazies(fn, x) for x in obj])
     if kind is dict:
         return {k: map_lazies(fn, v) for k, v in obj.items()}
+    if kind in _LEAVES or isinstance(obj, Tensor):
+        return obj  # tree_map leaves a cycle to collect on every call (a recursive helper)
     return tree_map(lambda x: fn(x) if type(x) is Lazy else x, obj)
