@@ -256,6 +256,7 @@ def test_plans_equal_the_reference_schedulers(
 ) -> None:
     if PATHS[path] is not None:
         monkeypatch.setattr(grouping, "SMALL_BATCH", PATHS[path])
+        monkeypatch.setattr(grouping, "SMALL_GRAPH", PATHS[path])
         monkeypatch.setattr(schedule_module, "SMALL_GROUP", PATHS[path])
     rng = random.Random(seed)
     graph = random_graph(rng, rng.choice([1, 2, 5, 90]), rng.randint(1, 40))
@@ -274,12 +275,14 @@ def test_plans_equal_the_reference_schedulers(
     )
 
 
+@pytest.mark.parametrize("small_graph", [0, 10**9])
 @pytest.mark.parametrize("small_batch", [0, 3, 10**9])
 @pytest.mark.parametrize("seed", range(30))
 def test_agenda_groups_equal_the_reference_rule(
-    seed: int, small_batch: int, monkeypatch: pytest.MonkeyPatch
+    seed: int, small_batch: int, small_graph: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(grouping, "SMALL_BATCH", small_batch)
+    monkeypatch.setattr(grouping, "SMALL_GRAPH", small_graph)
     rng = random.Random(seed)
     graph = random_graph(rng, rng.choice([1, 3, 40]), rng.randint(1, 60))
     sig_of, depth, members = graph.pending_arrays()

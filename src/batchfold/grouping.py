@@ -14,6 +14,7 @@ import numpy as np
 from .graph import OUT_BITS
 
 SMALL_BATCH = 32  # batches up to this size update the agenda in Python, larger ones in NumPy
+SMALL_GRAPH = 4096  # graphs up to this many nodes run the whole agenda on Python lists
 
 
 def by_depth(sig_of: np.ndarray, depth: np.ndarray) -> tuple[np.ndarray, list[int]]:
@@ -61,6 +62,8 @@ def by_agenda(
     rank[by_rank] = np.arange(n_sigs)
 
     sig_at, rank_of = by_rank.tolist(), rank.tolist()
+    if n <= SMALL_GRAPH:
+        return _agenda_on_lists(sig_of, succ, succ_ptr, waiting, sig_at, rank_of)
     # a signature's ready nodes: node ids, and sorted arrays of them from the NumPy path
     ready: list[list[int | np.ndarray]] = [[] for _ in range(n_sigs)]
     ready_count = [0] * n_sigs
@@ -129,6 +132,44 @@ def by_agenda(
     order = np.concatenate(chunks)
     assert len(order) == n, "the agenda left nodes unscheduled: the graph has a cycle"
     return order, bounds
+
+
+def _agenda_on_lists(
+    sig_of: np.ndarray,
+    succ: np.ndarray,
+    succ_ptr: np.ndarray,
+    waiting: np.ndarray,
+    sig_at: list[int],
+    rank_of: list[int],
+) -> tuple[np.ndarray, list[int]]:
+    """:func:`by_agenda`'s loop for a small graph (a decoding step's segment): the same
+    groups, with the arrays as Python lists, where NumPy's cost per call would dominate."""
+    sig_l, succ_l, ptr, wait = sig_of.tolist(), succ.tolist(), succ_ptr.tolist(), waiting.tolist()
+    ready: list[list[int]] = [[] for _ in rank_of]  # a signature's ready nodes
+    heap: list[int] = []  # the ranks of the signatures with ready nodes
+    for node, inputs_left in enumerate(wait):
+        if inputs_left == 0:
+            if not ready[sig_l[node]]:
+                heapq.heappush(heap, rank_of[sig_l[node]])
+            ready[sig_l[node]].append(node)
+    order: list[int] = []
+    bounds = [0]
+    while heap:
+        sig = sig_at[heapq.heappop(heap)]
+        nodes, ready[sig] = ready[sig], []
+        nodes.sort()
+        order.extend(nodes)
+        bounds.append(len(order))
+        for node in nodes:
+            for s in succ_l[ptr[node] : ptr[node + 1]]:
+                wait[s] -= 1
+                if wait[s] == 0:
+                    t = sig_l[s]
+                    if not ready[t]:
+                        heapq.heappush(heap, rank_of[t])
+                    ready[t].append(s)
+    assert len(order) == len(sig_l), "the agenda left nodes unscheduled: the graph has a cycle"
+    return np.array(order, dtype=np.int64), bounds
 
 
 def pending_edges(
