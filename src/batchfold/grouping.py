@@ -14,7 +14,7 @@ import numpy as np
 from .graph import OUT_BITS
 
 SMALL_BATCH = 32  # batches up to this size update the agenda in Python, larger ones in NumPy
-SMALL_GRAPH = 4096  # graphs up to this many nodes run the whole agenda on Python lists
+SMALL_GRAPH = 2048  # graphs up to this many nodes run the agenda on Python lists (faster there)
 
 
 def by_depth(sig_of: np.ndarray, depth: np.ndarray) -> tuple[np.ndarray, list[int]]:
