@@ -23,15 +23,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # weave_io beside this file
 os.environ.setdefault("DGLBACKEND", "pytorch")
 
-import numpy as np  # noqa: E402
 from dgllife_weave import build_model, molecule_graph  # noqa: E402
-from weave_io import (  # noqa: E402
-    load_molecules,
-    load_weights,
-    parse_train_args,
-    start_torch,
-    train_to_accuracy,
-)
+from weave_io import parse_train_args, start_torch, train_peer  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -47,18 +40,10 @@ def main(argv=None) -> int:
             file=sys.stderr,
         )
         return 1
-    config, arrays = load_weights(args.weights)
-    model = build_model(config, {k: torch.from_numpy(v) for k, v in arrays.items()})
-    molecules = {s: load_molecules(getattr(args, s)) for s in ("train", "dev", "test")}
-    graphs = {s: [molecule_graph(a, p, i) for a, p, i, _ in ms] for s, ms in molecules.items()}
-    targets = {s: np.stack([m[3] for m in ms]) for s, ms in molecules.items()}
-
-    def predict(split, indices):
-        """The model's outputs for molecules ``indices`` of ``split``, batched here."""
-        return model.predict(dgl.batch([graphs[split][i] for i in indices]))
-
     version = f"dgllife {dgllife.__version__}, dgl {dgl.__version__}, torch {torch.__version__}"
-    train_to_accuracy(args, "dgllife", version, model, predict, targets)
+    train_peer(
+        args, "dgllife", version, build_model, lambda a, p, i, _: molecule_graph(a, p, i), dgl.batch
+    )
     return 0
 
 

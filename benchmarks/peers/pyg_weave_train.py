@@ -27,15 +27,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # weave_io beside this file
 
-import numpy as np  # noqa: E402
 from pyg_weave import build_model, molecule_data  # noqa: E402
-from weave_io import (  # noqa: E402
-    load_molecules,
-    load_weights,
-    parse_train_args,
-    start_torch,
-    train_to_accuracy,
-)
+from weave_io import parse_train_args, start_torch, train_peer  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -51,18 +44,8 @@ def main(argv=None) -> int:
             file=sys.stderr,
         )
         return 1
-    config, arrays = load_weights(args.weights)
-    model = build_model(config, {k: torch.from_numpy(v) for k, v in arrays.items()})
-    molecules = {s: load_molecules(getattr(args, s)) for s in ("train", "dev", "test")}
-    graphs = {s: [molecule_data(*m) for m in ms] for s, ms in molecules.items()}
-    targets = {s: np.stack([m[3] for m in ms]) for s, ms in molecules.items()}
-
-    def predict(split, indices):
-        """The model's outputs for molecules ``indices`` of ``split``, batched here."""
-        return model.predict(Batch.from_data_list([graphs[split][i] for i in indices]))
-
     version = f"torch_geometric {torch_geometric.__version__}, torch {torch.__version__}"
-    train_to_accuracy(args, "pyg", version, model, predict, targets)
+    train_peer(args, "pyg", version, build_model, molecule_data, Batch.from_data_list)
     return 0
 
 

@@ -275,3 +275,34 @@ def train_to_accuracy(
         "version": version,
     }
     print(json.dumps(summary), flush=True)
+
+
+def train_peer(
+    args: argparse.Namespace,
+    system: str,
+    version: str,
+    build_model: Callable[[Any, dict[str, Any]], Any],
+    to_graph: Callable[..., Any],
+    batch: Callable[[list[Any]], Any],
+) -> None:
+    """Build a peer's model from batchfold's weights and train it on the three splits.
+
+    Arguments:
+        args: the options of :func:`parse_train_args`.
+        system, version: the peer's name and library versions, for the output.
+        build_model: ``build_model(config, weights)``, the peer's model (with ``predict``).
+        to_graph: one molecule's graph from its ``(atoms, pairs, pair index, target)``.
+        batch: the peer's batch of a list of graphs.
+    """
+    import torch
+
+    config, arrays = load_weights(args.weights)
+    model = build_model(config, {k: torch.from_numpy(v) for k, v in arrays.items()})
+    molecules = {s: load_molecules(getattr(args, s)) for s in ("train", "dev", "test")}
+    graphs = {s: [to_graph(*m) for m in ms] for s, ms in molecules.items()}
+    targets = {s: np.stack([m[3] for m in ms]) for s, ms in molecules.items()}
+
+    def predict(split: str, indices: list[int]) -> Any:
+        return model.predict(batch([graphs[split][i] for i in indices]))
+
+    train_to_accuracy(args, system, version, model, predict, targets)
