@@ -232,21 +232,30 @@ def molecule_graph(atoms, pairs, index):
     return g
 
 
-def main(argv=None) -> int:
-    """Load, check the options, then print the loss or the timings (see the docstring)."""
-    args = parse_args(__doc__, argv)
-    torch = start_torch(args.threads)
-    import dgl
-
+def import_dgllife():
+    """``(dgl, versions)``, or None after saying how to install DGL-LifeSci."""
     try:
+        import dgl
         import dgllife
+        import torch
         from dgllife.model.gnn.weave import WeaveGNN, WeaveLayer  # noqa: F401
     except ImportError as error:
         print(
             f"dgllife is not installed ({error}); run bash benchmarks/setup_peers.sh",
             file=sys.stderr,
         )
+        return None
+    return dgl, f"dgllife {dgllife.__version__}, dgl {dgl.__version__}, torch {torch.__version__}"
+
+
+def main(argv=None) -> int:
+    """Load, check the options, then print the loss or the timings (see the docstring)."""
+    args = parse_args(__doc__, argv)
+    torch = start_torch(args.threads)
+    found = import_dgllife()
+    if found is None:
         return 1
+    dgl, version = found
 
     config, arrays = load_weights(args.weights)
     weights = {k: torch.from_numpy(v) for k, v in arrays.items()}
@@ -256,7 +265,6 @@ def main(argv=None) -> int:
     targets = [torch.from_numpy(t.copy()) for *_, t in molecules]
     model = build_model(config, weights)
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=args.lr)
-    version = f"dgllife {dgllife.__version__}, dgl {dgl.__version__}, torch {torch.__version__}"
 
     def train_step(bg, target):
         opt.zero_grad(set_to_none=True)

@@ -23,27 +23,20 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # weave_io beside this file
 os.environ.setdefault("DGLBACKEND", "pytorch")
 
-from dgllife_weave import build_model, molecule_graph  # noqa: E402
+from dgllife_weave import build_model, import_dgllife, molecule_graph  # noqa: E402
 from weave_io import parse_train_args, start_torch, train_peer  # noqa: E402
 
 
 def main(argv=None) -> int:
     """Load the three splits and the weights, then train and print (see the docstring)."""
     args = parse_train_args(__doc__, argv)
-    torch = start_torch(args.threads)
-    try:
-        import dgl
-        import dgllife
-    except ImportError as error:
-        print(
-            f"dgllife is not installed ({error}); run bash benchmarks/setup_peers.sh",
-            file=sys.stderr,
-        )
+    start_torch(args.threads)
+    found = import_dgllife()
+    if found is None:
         return 1
-    version = f"dgllife {dgllife.__version__}, dgl {dgl.__version__}, torch {torch.__version__}"
-    train_peer(
-        args, "dgllife", version, build_model, lambda a, p, i, _: molecule_graph(a, p, i), dgl.batch
-    )
+    dgl, version = found
+    graph = lambda a, p, i, _: molecule_graph(a, p, i)  # noqa: E731  (the target is not in it)
+    train_peer(args, "dgllife", version, build_model, graph, dgl.batch)
     return 0
 
 

@@ -186,11 +186,10 @@ def molecule_data(atoms, pairs, index, target):
     )
 
 
-def main(argv=None) -> int:
-    """Load, check the options, then print the loss or the timings (see the docstring)."""
-    args = parse_args(__doc__, argv)
-    torch = start_torch(args.threads)
+def import_pyg():
+    """``(Batch, versions)`` of PyTorch Geometric, or None after saying how to install it."""
     try:
+        import torch
         import torch_geometric
         from torch_geometric.data import Batch
     except ImportError as error:
@@ -198,14 +197,24 @@ def main(argv=None) -> int:
             f"torch_geometric is not installed ({error}); run bash benchmarks/setup_peers.sh",
             file=sys.stderr,
         )
+        return None
+    return Batch, f"torch_geometric {torch_geometric.__version__}, torch {torch.__version__}"
+
+
+def main(argv=None) -> int:
+    """Load, check the options, then print the loss or the timings (see the docstring)."""
+    args = parse_args(__doc__, argv)
+    torch = start_torch(args.threads)
+    found = import_pyg()
+    if found is None:
         return 1
+    Batch, version = found
 
     config, arrays = load_weights(args.weights)
     weights = {k: torch.from_numpy(v) for k, v in arrays.items()}
     graphs = [molecule_data(*m) for m in load_molecules(args.molecules)]
     model = build_model(config, weights)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
-    version = f"torch_geometric {torch_geometric.__version__}, torch {torch.__version__}"
 
     def train_step(batch):
         opt.zero_grad(set_to_none=True)

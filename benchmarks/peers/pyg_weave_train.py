@@ -27,25 +27,19 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # weave_io beside this file
 
-from pyg_weave import build_model, molecule_data  # noqa: E402
+from pyg_weave import build_model, import_pyg, molecule_data  # noqa: E402
 from weave_io import parse_train_args, start_torch, train_peer  # noqa: E402
 
 
 def main(argv=None) -> int:
     """Load the three splits and the weights, then train and print (see the docstring)."""
     args = parse_train_args(__doc__, argv)
-    torch = start_torch(args.threads)
-    try:
-        import torch_geometric
-        from torch_geometric.data import Batch
-    except ImportError as error:
-        print(
-            f"torch_geometric is not installed ({error}); run bash benchmarks/setup_peers.sh",
-            file=sys.stderr,
-        )
+    start_torch(args.threads)
+    found = import_pyg()
+    if found is None:
         return 1
-    version = f"torch_geometric {torch_geometric.__version__}, torch {torch.__version__}"
-    train_peer(args, "pyg", version, build_model, molecule_data, Batch.from_data_list)
+    batch, version = found
+    train_peer(args, "pyg", version, build_model, molecule_data, batch.from_data_list)
     return 0
 
 
