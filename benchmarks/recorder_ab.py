@@ -1,7 +1,9 @@
 """batch_map's recording cost before and after a change: two source trees, alternating runs.
 
 Four workloads, each timed in a fresh process per tree and round (the trees' ``src`` folders
-come first on ``PYTHONPATH``), in the order before, after, before, after:
+come first on ``PYTHONPATH``), the two trees in turn, the first of each pair swapped every round
+(before, after; after, before; ...): on the 2-vCPU VM the second process of a pair ran about
+10% slower than the first (greedy decoding), a bias a fixed order gives to one tree:
 
 - **tiny**: 64 instances of ``lin(torch.as_tensor(x))`` on ``[4]`` vectors (fixed costs);
 - **attention**: the feed-forward attention classifier with a cross-entropy, 64 sequences
@@ -158,11 +160,11 @@ def run_one(name: str, threads: int) -> None:
 def measure(
     trees: dict[str, str], rounds: int, threads: int, names: list[str]
 ) -> list[dict[str, Any]]:
-    """Every workload on every tree, alternating trees, ``rounds`` times."""
+    """Every workload on every tree, alternating trees (and which goes first), ``rounds`` times."""
     rows = []
     for r in range(rounds):
         for name in names:
-            for label, src in trees.items():
+            for label, src in list(trees.items())[:: -1 if r % 2 else 1]:
                 path = [src, str(HERE), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
                 env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
                 command = [sys.executable, __file__, "--one", name, "--threads", str(threads)]
