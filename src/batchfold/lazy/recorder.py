@@ -23,17 +23,14 @@ from ..errors import (
     UnsupportedOpError,
 )
 from ..execute import Executor
-from ..graph import OUT_BITS, OUT_MASK, Graph, Signature, TensorMeta
-from ..ops import rule_for
-from ..ragged import Family, join_family, member_of
+from ..graph import OUT_BITS, Graph
 from ..schedule import Scheduler, schedule
 from ..stats import Stats
-from .function import BatchedFunction
-from .inference import check_inputs, infer_outputs, lazy_metas, shared_tensors, template
 from .lengths import plain_lengths
 from .macros import ModuleCache
-from .semantics import VIEW_NAMES, is_random, refuse_unrecordable
-from .sites import func_name, user_site, version
+from .semantics import VIEW_NAMES, is_random
+from .signatures import SignatureMaker
+from .sites import func_name, version
 from .sources import FACTORIES, SourceMaker
 from .sync import Driver
 from .tensor import Lazy, has_lazy, map_lazies
@@ -56,7 +53,7 @@ _IMMUTABLE = frozenset(
 )
 
 
-class Recorder(InPlaceWrites, TorchFunctionMode):
+class Recorder(InPlaceWrites, SignatureMaker, TorchFunctionMode):
     """Records the PyTorch calls of one ``batch_map`` into a graph and runs it on demand."""
 
     def __init__(
@@ -252,90 +249,6 @@ class Recorder(InPlaceWrites, TorchFunctionMode):
                 return result
             hit = self._memo[key] = (result, args, kwargs)  # the inputs stay alive: ids stay
         return hit[0]
-
-    def _signature(
-        self,
-        key: tuple[Any, ...],
-        func: Any,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        mode: int,
-    ) -> Signature:
-        """Make the signature of a new kind of node: template, rule, output shapes, checks."""
-        if self.ragged and self.graph.families:
-            metas: list[TensorMeta] = []
-            lazy_metas(args, metas)
-            lazy_metas(kwargs, metas)
-            first_lazy = bool(args) and type(args[0]) is Lazy
-            member = member_of(self.graph.families, key, func, first_lazy, tuple(metas))
-            if member is not None:  # a new length of a known family: all else is its first's
-                return self._member_signature(key, tuple(metas), *member)
-        lazies: list[Lazy] = []
-        targs, tkwargs = template(args, lazies), template(kwargs, lazies)
-        in_metas = tuple(lazy._meta for lazy in lazies)
-        site = user_site()
-        name = func_name(func)
-        refuse_unrecordable(name, func, args, kwargs, Lazy, site)
-        device = check_inputs(name, site, in_metas, (targs, tkwargs))
-        if isinstance(func, BatchedFunction):
-            rule, eager = func.rule, func.eager
-        else:
-            rule, eager = rule_for(func, targs, tkwargs, in_metas), None
-        multi, outs = infer_outputs(
-            func, eager, name, site, targs, tkwargs, in_metas, self._meta_cache
-        )
-        if len(outs) > OUT_MASK + 1:
-            raise UnsupportedOpError(
-                f"{name} at {site} returns {len(outs)} tensors; batchfold records at most "
-                f"{OUT_MASK + 1} outputs of one op. Index or slice the tensor instead of "
-                "unbinding all of it."
-            )
-        out_metas = tuple(TensorMeta.of(shape, dtype, device) for shape, dtype in outs)
-        sig = self.graph.signature(
-            key,
-            func=func,
-            rule=rule,
-            name=name,
-            template=(targs, tkwargs),
-            in_metas=in_metas,
-            out_metas=out_metas,
-            multi=multi,
-            site=site,
-        )
-        sig.grad = 0 if mode == 2 else mode  # inference mode computes as no_grad does
-        sig.shared = tuple((t, version(t)) for t in shared_tensors((targs, tkwargs)))
-        if self.ragged:
-            join_family(self.graph.families, sig, key)
-        return sig
-
-    def _member_signature(
-        self,
-        key: tuple[Any, ...],
-        in_metas: tuple[TensorMeta, ...],
-        family: Family,
-        length: int,
-        out_metas: tuple[TensorMeta, ...],
-    ) -> Signature:
-        """A new length of a family: the same call as its first member's but for the metas.
-
-        Its template, rule, shared tensors, grad mode and checks are the first member's: the
-        key, equal but for the lengths, says the call is the same.
-        """
-        first = self.graph.signatures[family.rep]
-        sig = self.graph.signature(
-            key,
-            func=first.func,
-            rule=first.rule,
-            name=first.name,
-            template=first.template,
-            in_metas=in_metas,
-            out_metas=out_metas,
-            multi=first.multi,
-            site=first.site,
-        )
-        sig.grad, sig.shared = first.grad, first.shared
-        sig.family, sig.length, sig.pool = family, length, family.rep
-        return sig
 
     def release(self) -> None:
         """Drop what the run held, once its results and statistics are out.

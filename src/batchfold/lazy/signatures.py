@@ -1,0 +1,121 @@
+"""New signatures inside ``batch_map``: a call of a kind not seen in the run.
+
+A signature holds everything its nodes share: the op and its argument template, the batching
+rule, the output metas (inferred once per op and input metas on meta tensors), the shared
+tensors it reads and the grad mode. A new length of a ragged family takes all of that from the
+family's first member.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..errors import UnsupportedOpError
+from ..graph import OUT_MASK, Graph, Signature, TensorMeta
+from ..ops import rule_for
+from ..ragged import Family, join_family, member_of
+from .function import BatchedFunction
+from .inference import check_inputs, infer_outputs, lazy_metas, shared_tensors, template
+from .semantics import refuse_unrecordable
+from .sites import func_name, user_site, version
+from .tensor import Lazy
+
+Tensor = torch.Tensor
+
+
+class SignatureMaker:
+    """The recorder's making of signatures (a base class of ``Recorder``).
+
+    It uses the recorder's ``graph``, ``ragged`` (whether families batch across lengths) and
+    ``_meta_cache`` (meta tensors reused by shape inference).
+    """
+
+    graph: Graph
+    ragged: bool
+    _meta_cache: dict[int, tuple[Tensor, Tensor]]
+
+    def _signature(
+        self,
+        key: tuple[Any, ...],
+        func: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        mode: int,
+    ) -> Signature:
+        """Make the signature of a new kind of node: template, rule, output shapes, checks."""
+        if self.ragged and self.graph.families:
+            metas: list[TensorMeta] = []
+            lazy_metas(args, metas)
+            lazy_metas(kwargs, metas)
+            first_lazy = bool(args) and type(args[0]) is Lazy
+            member = member_of(self.graph.families, key, func, first_lazy, tuple(metas))
+            if member is not None:  # a new length of a known family: all else is its first's
+                return self._member_signature(key, tuple(metas), *member)
+        lazies: list[Lazy] = []
+        targs, tkwargs = template(args, lazies), template(kwargs, lazies)
+        in_metas = tuple(lazy._meta for lazy in lazies)
+        site = user_site()
+        name = func_name(func)
+        refuse_unrecordable(name, func, args, kwargs, Lazy, site)
+        device = check_inputs(name, site, in_metas, (targs, tkwargs))
+        if isinstance(func, BatchedFunction):
+            rule, eager = func.rule, func.eager
+        else:
+            rule, eager = rule_for(func, targs, tkwargs, in_metas), None
+        multi, outs = infer_outputs(
+            func, eager, name, site, targs, tkwargs, in_metas, self._meta_cache
+        )
+        if len(outs) > OUT_MASK + 1:
+            raise UnsupportedOpError(
+                f"{name} at {site} returns {len(outs)} tensors; batchfold records at most "
+                f"{OUT_MASK + 1} outputs of one op. Index or slice the tensor instead of "
+                "unbinding all of it."
+            )
+        out_metas = tuple(TensorMeta.of(shape, dtype, device) for shape, dtype in outs)
+        sig = self.graph.signature(
+            key,
+            func=func,
+            rule=rule,
+            name=name,
+            template=(targs, tkwargs),
+            in_metas=in_metas,
+            out_metas=out_metas,
+            multi=multi,
+            site=site,
+        )
+        sig.grad = 0 if mode == 2 else mode  # inference mode computes as no_grad does
+        sig.shared = tuple((t, version(t)) for t in shared_tensors((targs, tkwargs)))
+        if self.ragged:
+            join_family(self.graph.families, sig, key)
+        return sig
+
+    def _member_signature(
+        self,
+        key: tuple[Any, ...],
+        in_metas: tuple[TensorMeta, ...],
+        family: Family,
+        length: int,
+        out_metas: tuple[TensorMeta, ...],
+    ) -> Signature:
+        """A new length of a family: the same call as its first member's but for the metas.
+
+        Its template, rule, shared tensors, grad mode and checks are the first member's: the
+        key, equal but for the lengths, says the call is the same.
+        """
+        first = self.graph.signatures[family.rep]
+        sig = self.graph.signature(
+            key,
+            func=first.func,
+            rule=first.rule,
+            name=first.name,
+            template=first.template,
+            in_metas=in_metas,
+            out_metas=out_metas,
+            multi=first.multi,
+            site=first.site,
+        )
+        sig.grad, sig.shared = first.grad, first.shared
+        sig.family, sig.length, sig.pool = family, length, family.rep
+        return sig
