@@ -46,7 +46,6 @@ import contextlib
 import json
 import os
 import sys
-import time
 import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -54,8 +53,7 @@ sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("DGLBACKEND", "pytorch")
 
 import treeio  # noqa: E402
-
-import memory  # noqa: E402  (benchmarks/memory.py: peak resident memory, standard library only)
+from passes import timed_passes  # noqa: E402  (beside this file; it reads benchmarks/memory.py)
 
 
 def parse_args(argv=None):
@@ -187,25 +185,14 @@ def main(argv=None) -> int:
             else:
                 items = batches
                 get = dgl.batch
-            train_times, infer_times = [], []
-            with memory.PeakMemory() as peak:  # warm-up and timed passes
-                for i in range(args.warmup):
-                    it = items[i % len(items)]
-                    if not args.no_train:
-                        train_step(get(it))
-                    if not args.no_infer:
-                        infer_step(get(it))
-                for _ in range(args.repeats):
-                    if not args.no_train:
-                        t0 = time.perf_counter()
-                        for it in items:
-                            train_step(get(it))
-                        train_times.append(time.perf_counter() - t0)
-                    if not args.no_infer:
-                        t0 = time.perf_counter()
-                        for it in items:
-                            infer_step(get(it))
-                        infer_times.append(time.perf_counter() - t0)
+            train_times, infer_times, peak = timed_passes(
+                items,
+                get,
+                None if args.no_train else train_step,
+                None if args.no_infer else infer_step,
+                [items[i % len(items)] for i in range(args.warmup)],
+                args.repeats,
+            )
             tr = treeio.median(train_times) if train_times else None
             inf = treeio.median(infer_times) if infer_times else None
             print(

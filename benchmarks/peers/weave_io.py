@@ -25,8 +25,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
-
-import memory  # noqa: E402  (benchmarks/memory.py: peak resident memory, standard library only)
+from passes import timed_passes  # noqa: E402  (beside this file; it reads benchmarks/memory.py)
 
 
 def parse_args(description: str | None, argv: list[str] | None = None) -> argparse.Namespace:
@@ -110,25 +109,14 @@ def time_modes(
             if n_batches == 0:
                 raise SystemExit(f"{count} molecules: not one full batch of {size}")
             items, get = batches(mode, [range(b * size, (b + 1) * size) for b in range(n_batches)])
-            train_times, infer_times = [], []
-            with memory.PeakMemory() as peak:  # warm-up and timed passes
-                for _ in range(args.warmup):
-                    for it in items:
-                        if not args.no_train:
-                            train_step(get(it))
-                        if not args.no_infer:
-                            infer_step(get(it))
-                for _ in range(args.repeats):
-                    if not args.no_train:
-                        t0 = time.perf_counter()
-                        for it in items:
-                            train_step(get(it))
-                        train_times.append(time.perf_counter() - t0)
-                    if not args.no_infer:
-                        t0 = time.perf_counter()
-                        for it in items:
-                            infer_step(get(it))
-                        infer_times.append(time.perf_counter() - t0)
+            train_times, infer_times, peak = timed_passes(
+                items,
+                get,
+                None if args.no_train else train_step,
+                None if args.no_infer else infer_step,
+                list(items) * args.warmup,
+                args.repeats,
+            )
             n = n_batches * size
             tr = statistics.median(train_times) if train_times else None
             inf = statistics.median(infer_times) if infer_times else None
