@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import batchfold as bf
+from batchfold.lazy import recorder as recorder_module
 from batchfold.schedule import Scheduler
 from reference import assert_matches_eager
 
@@ -304,3 +305,39 @@ def test_attributes_of_shared_tensors_read_inside_the_function() -> None:
     for x, out in zip(xs, outs, strict=True):
         assert torch.equal(out, project(x))
     assert stats.steps == 2  # the constants, then one matmul for every instance
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_factories_on_tensors_that_need_grad_match_eager(
+    direct: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # torch.as_tensor(x) / torch.tensor(n) on plain arguments are recorded straight as sources
+    # (direct) or through the general path; both keep x's history, as eager does, also when a
+    # factory runs under no_grad inside the function
+    if not direct:
+        monkeypatch.setattr(recorder_module, "_FACTORY_ARGS", frozenset())
+    torch.manual_seed(0)
+    lin = nn.Linear(3, 2).double()
+    xs = [torch.randn(n, 3, dtype=torch.float64, requires_grad=True) for n in (1, 4, 2)]
+
+    def loss(x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            offset = torch.zeros(2, dtype=torch.float64) + 0.5
+        return (lin(torch.as_tensor(x)).tanh() * offset).sum()
+
+    def grads(outs: list[torch.Tensor]) -> list[torch.Tensor]:
+        for x in xs:
+            x.grad = None
+        lin.zero_grad()
+        torch.stack(outs).sum().backward()
+        assert lin.weight.grad is not None
+        return [x.grad for x in xs if x.grad is not None] + [lin.weight.grad.clone()]
+
+    batched = bf.batch_map(loss, xs)
+    got = grads(batched)
+    eager = [loss(x) for x in xs]
+    want = grads(eager)
+    torch.testing.assert_close(torch.stack(batched), torch.stack(eager))
+    assert len(got) == len(want) == len(xs) + 1
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b)
