@@ -64,6 +64,7 @@ def tagger_run(tmp_path_factory: pytest.TempPathFactory) -> TaggerRun:
     write_treebank(root, train, dev, test)
     out = root / "tagger"
     argv = ["train", "tagger", "--data", str(root), "--word-dim", "4", "--char-dim", "2"]
+    argv += ["--glove", "none", "--layers", "1"]
     argv += ["--hidden", "4", "--epochs", "1", "--compare-batches", "0", "--no-progress"]
     assert cli.main([*argv, "--out", str(out)]) == 0
     return TaggerRun(root, out / "best.pt", train, dev, test)

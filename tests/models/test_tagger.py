@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from functools import partial
 from pathlib import Path
@@ -15,6 +16,7 @@ from batchfold.cli import build_parser
 from batchfold.data.conllu import Sentence
 from batchfold.data.ud import build_vocabs
 from batchfold.models.tagger import BiLSTM, BiLSTMTagger, predict_tags, sentence_losses
+from batchfold.training.arguments import DEFAULT_LR
 from batchfold.training.tagger import TaggerTask, UDSplits, make_task
 from reference import assert_matches_eager
 
@@ -129,7 +131,7 @@ def test_make_task_on_a_tiny_treebank_learns_the_training_tags(tmp_path: Path, c
     write_treebank(tmp_path, train, train[:4], train[:4])
     args = build_parser("train", "tagger").parse_args(
         ["--data", str(tmp_path), "--word-dim", "6", "--char-dim", "3", "--hidden", "8"]
-        + ["--word-dropout", "0", "--max-eval", "3", "--scheduler", "depth"]
+        + ["--word-dropout", "0", "--max-eval", "3", "--scheduler", "depth", "--glove", "none"]
     )
     assert (args.optimizer, args.batch_size) == ("adam", 32)  # the task's defaults
     task = make_task(args)
@@ -184,5 +186,19 @@ def test_glove_vectors_start_the_words_they_cover(tmp_path: Path, capsys) -> Non
         assert weight[words.encode([word])[0]].tolist() == expected[word]
     missing = [i for i, w in enumerate(words.words) if w not in expected]
     assert weight[missing].abs().max() <= 0.05  # the usual small random start
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError, match="--glove none for random vectors"):
         TaggerTask(_splits(train), word_dim=3, glove=str(tmp_path / "none.txt"))
+    random_start = TaggerTask(_splits(train), word_dim=3, char_dim=0, hidden=2, glove="none")
+    assert random_start.glove_words is None
+
+
+def test_the_defaults_are_the_settings_of_the_committed_best_run() -> None:
+    """``batchfold train tagger`` with no options trains results/tagger-glove150-l2's model."""
+    committed = Path(__file__).resolve().parents[2] / "results/tagger-glove150-l2/config.json"
+    config = json.loads(committed.read_text())
+    args = vars(build_parser("train", "tagger").parse_args([]))
+    # where it ran and how it reported; the rest is the model and its training
+    for name in ("out", "threads", "progress", "glove_words", "task"):
+        config.pop(name)
+    assert args["lr"] is None and DEFAULT_LR[args["optimizer"]] == config.pop("lr")  # resolved
+    assert {name: args[name] for name in config} == config

@@ -112,6 +112,7 @@ def test_the_tagger_trains_alike_on_two_processes(tmp_path: Path) -> None:
         "train",
         "tagger",
         *("--data", str(data), "--word-dim", "4", "--char-dim", "3", "--hidden", "4"),
+        *("--glove", "none", "--layers", "1", "--lr-schedule", "constant"),
         *("--batch-size", "4", "--epochs", "1", "--threads", "1", "--word-dropout", "0"),
         *("--compare-batches", "0"),
     ]

@@ -66,16 +66,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser,
         "--word-dim",
         type=int,
-        default=100,
-        help="word vector size; with --glove, 50, 100 or 150 (50d and 100d side by side)",
+        default=150,
+        help="word vector size; with GloVe, 50, 100 or 150 (50d and 100d side by side) "
+        "(default: %(default)s)",
     )
     add_option(
         parser,
         "--glove",
-        default=None,
+        default="data",
         metavar="PATH",
-        help="start the word vectors from GloVe (a file or a folder; 'data' for the glove-sst "
-        "data folder); words without a vector keep the random initialisation (default: none)",
+        help="start the word vectors from GloVe: a file, a folder, 'data' for the glove-sst "
+        "data folder, or 'none' for random vectors; words without a vector keep the random "
+        "initialisation (default: %(default)s)",
     )
     add_option(
         parser,
@@ -85,9 +87,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="character vector and character LSTM size per direction; 0 turns characters off",
     )
     add_option(parser, "--hidden", type=int, default=125, help="BiLSTM size per direction")
-    add_option(parser, "--layers", type=int, default=1, help="BiLSTM layers")
+    add_option(parser, "--layers", type=int, default=2, help="BiLSTM layers")
     add_word_dropout_argument(parser)
-    parser.set_defaults(optimizer="adam", batch_size=32, epochs=20)
+    # the best settings on dev (results/tagger-glove150-l2)
+    parser.set_defaults(optimizer="adam", batch_size=32, epochs=12, lr_schedule="cosine")
 
 
 class TaggerTask(UDTask[BiLSTMTagger]):
@@ -101,7 +104,7 @@ class TaggerTask(UDTask[BiLSTMTagger]):
         layers: the number of BiLSTM layers.
         word_dropout: the word dropout ``alpha``.
         glove: start the word vectors from the GloVe vectors in this file or folder (``"data"``:
-            the project's data folder), or ``None`` for random ones.
+            the project's data folder), or ``None`` (or ``"none"``) for random ones.
         seed: the seed of the random vectors of words GloVe lacks.
         eval_batch: sentences per ``batch_map`` call when evaluating.
         scheduler: ``batch_map``'s scheduler.
@@ -136,9 +139,16 @@ class TaggerTask(UDTask[BiLSTMTagger]):
         self.word_dropout = word_dropout
         self.vectors: Tensor | None = None
         self.glove_words: dict[str, int] | None = None  # how many words GloVe covers
-        if glove is not None:
+        if glove is not None and glove.lower() != "none":
             path = None if glove == "data" else glove
-            self.vectors, self.glove_words = word_vectors(self.vocabs.words, path, word_dim, seed)
+            try:
+                self.vectors, self.glove_words = word_vectors(
+                    self.vocabs.words, path, word_dim, seed
+                )
+            except FileNotFoundError as err:
+                raise FileNotFoundError(
+                    f"{err} On the command line: --glove PATH, or --glove none for random vectors."
+                ) from err
 
     def train_items(self) -> Sequence[Sentence]:
         """The training sentences.
