@@ -4,6 +4,8 @@ as eager execution, and PyTorch's function back in place afterwards."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 import torch._tensor
@@ -101,6 +103,67 @@ def test_pytorchs_function_is_back_after_batch_map_and_after_an_error() -> None:
         bf.batch_map(fails, [torch.ones(2)])
     for module in (F, torch.functional, torch._tensor):
         assert module.handle_torch_function is torch.overrides.handle_torch_function
+    assert torch.tensor is torch._C._VariableFunctions.tensor
+
+
+def _numbers(w: torch.Tensor, i: int) -> torch.Tensor:
+    """``torch.tensor`` of numbers in the forms the short path takes, and two it declines."""
+    a = torch.tensor(i)  # int64
+    b = torch.tensor(i * 0.5)  # the default dtype
+    c = torch.tensor(i % 2 == 0)  # bool
+    d = torch.tensor(i, dtype=torch.float64, device="cpu")
+    e = torch.tensor(float(i), dtype=torch.float64, requires_grad=True)  # declined
+    with torch.no_grad():
+        f = torch.tensor(2.0)
+    g = torch.tensor([i, 1.0])  # a list: PyTorch's way
+    return (w * (a + b + d + e + f)).sum() * g.sum() + c.double()
+
+
+@pytest.mark.parametrize("scheduler", ["agenda", "depth"])
+def test_torch_tensor_of_a_number_takes_the_short_path_with_eagers_values(
+    scheduler: Scheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    w = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    reached = []
+    original = dispatch.ORIGINAL_TENSOR
+
+    def counted(data: object, *args: object, **kwargs: object) -> object:
+        reached.append((type(data), kwargs.get("requires_grad", False)))
+        return original(data, *args, **kwargs)
+
+    monkeypatch.setattr(dispatch, "ORIGINAL_TENSOR", counted)
+    got, stats = bf.batch_map(
+        lambda i: _numbers(w, i), list(range(5)), scheduler=scheduler, return_stats=True
+    )
+    # numbers without requires_grad never reach PyTorch's torch.tensor
+    assert all(kind is list or grad for kind, grad in reached) and (float, True) in reached
+    got_grad = torch.autograd.grad(torch.stack(got).sum(), w)
+    monkeypatch.setattr(dispatch, "tensor", original)  # the mode's path instead
+    want, want_stats = bf.batch_map(
+        lambda i: _numbers(w, i), list(range(5)), scheduler=scheduler, return_stats=True
+    )
+    assert stats.plan is not None and want_stats.plan is not None
+    assert [s.sig.name for s in stats.plan.steps] == [s.sig.name for s in want_stats.plan.steps]
+    eager = [_numbers(w, i) for i in range(5)]
+    eager_grad = torch.autograd.grad(torch.stack(eager).sum(), w)
+    for g, m, e in zip([*got, *got_grad], [*want, *eager_grad], [*eager, *eager_grad]):
+        assert g.dtype == e.dtype
+        torch.testing.assert_close(g, m, rtol=0, atol=0)
+        torch.testing.assert_close(g, e)
+
+
+def test_torch_tensor_in_another_thread_during_batch_map_is_a_tensor() -> None:
+    made: list[object] = []
+
+    def fn(x: int) -> torch.Tensor:
+        other = threading.Thread(target=lambda: made.append(torch.tensor(x)))
+        other.start()
+        other.join()
+        return torch.tensor(x) * 2
+
+    got = bf.batch_map(fn, [1, 2])
+    assert [type(t) for t in made] == [torch.Tensor, torch.Tensor]
+    assert [int(t) for t in got] == [2, 4]
 
 
 def test_a_mode_of_the_users_inside_batch_map_still_sees_the_calls() -> None:

@@ -9,6 +9,11 @@ when the only mode is this thread's recorder and a lazy tensor is among the argu
 goes straight to the recorder, with the same function, arguments and keywords the mode would
 get, and the mode off during the call, as PyTorch has it. Anything else takes PyTorch's own
 path.
+
+``torch.tensor`` of a Python number (``torch.tensor(word_id)``, ``torch.tensor(label)``: a
+third of the calls of a per-node Tree-LSTM) is a C++ function that reaches the mode through
+PyTorch's C++ dispatch; :func:`tensor` stands in for it in the ``torch`` namespace and takes
+such a call straight to the recorder's source maker, as the mode would.
 """
 
 from __future__ import annotations
@@ -24,11 +29,14 @@ from .context import active_recorder
 from .tensor import Lazy
 
 ORIGINAL = torch.overrides.handle_torch_function
+ORIGINAL_TENSOR = torch._C._VariableFunctions.tensor
 _MODULES = (torch.nn.functional, torch.functional, torch._tensor)
 _stack_len = torch._C._len_torch_function_stack
 _stack_at = torch._C._get_function_stack_at
 _pop = torch._C._pop_torch_function_stack
 _push = torch._C._push_on_torch_function_stack
+_mode_active = torch._C._is_torch_function_mode_enabled
+_NUMBERS = frozenset((int, float, bool))
 
 
 def handle(public_api: Any, relevant_args: Any, *args: Any, **kwargs: Any) -> Any:
@@ -47,7 +55,25 @@ def handle(public_api: Any, relevant_args: Any, *args: Any, **kwargs: Any) -> An
     return ORIGINAL(public_api, relevant_args, *args, **kwargs)
 
 
+def tensor(data: Any, *args: Any, **kwargs: Any) -> Any:
+    """``torch.tensor`` with a fast path for a Python number inside this thread's recorder.
+
+    Taken only where the mode would get the call (the recorder is the one mode on, and on);
+    the recorder's source maker declines what it does not handle (``requires_grad=True``, a
+    ``device`` and a ``dtype`` it is not given as keywords), which then goes PyTorch's way.
+    """
+    if type(data) in _NUMBERS and not args and _mode_active() and _stack_len() == 1:
+        rec = active_recorder()
+        if rec is not None and not rec.closed and _stack_at(0) is rec:
+            lazy = rec.sources.number((data,), kwargs)
+            if lazy is not None:
+                return lazy
+    return ORIGINAL_TENSOR(data, *args, **kwargs)
+
+
 def patch(on: bool) -> None:
-    """Put :func:`handle` in place of PyTorch's (``on``), or PyTorch's back."""
+    """Put :func:`handle` in place of PyTorch's (``on``), or PyTorch's back; the same for
+    :func:`tensor` and ``torch.tensor``."""
     for module in _MODULES:
         module.handle_torch_function = handle if on else ORIGINAL  # type: ignore[attr-defined]
+    torch.tensor = tensor if on else ORIGINAL_TENSOR  # type: ignore[assignment]

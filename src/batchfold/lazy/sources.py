@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from .recorder import Recorder
 
 Tensor = torch.Tensor
+_TENSOR = torch._C._VariableFunctions.tensor  # torch.tensor, which batch_map replaces (dispatch.py)
 
 FACTORIES = frozenset(
     getattr(torch, name)
@@ -148,8 +149,9 @@ class SourceMaker:
         dtype = dtype or _SCALAR_DTYPES[type(value)] or torch.get_default_dtype()
         # the device eager torch.tensor gives: the default one when none is named, with its
         # index ("cuda" is "cuda:0", as parameters report it)
-        meta = TensorMeta.of((), dtype, torch.empty(0, device=device).device)
-        return self._signature(torch.tensor, meta, "scalar"), meta
+        with torch._C.DisableTorchFunction():  # from dispatch.tensor the mode is still on
+            meta = TensorMeta.of((), dtype, torch.empty(0, device=device).device)
+        return self._signature(_TENSOR, meta, "scalar"), meta
 
     def _signature(self, func: Any, meta: TensorMeta, kind: str) -> Signature:
         graph = self.rec.graph
