@@ -72,11 +72,29 @@ def test_a_call_on_nodes_and_edges_is_one_node_for_every_pair_of_lengths(
     torch.manual_seed(0)
     model = EdgeLayer().double()
     stats = _check(model, _graphs(SIZES), scheduler)
-    # (5, 5) has one length only; (3, 5) and (1, 2) are traced and confirm the rest
-    assert stats.module_calls_cached == len(SIZES) - 3
+    # (3, 5) and (1, 2) are traced and confirm the rest; (5, 5), whose two lengths are one,
+    # takes the call of two lengths
+    assert stats.module_calls_cached == len(SIZES) - 2
     assert stats.plan is not None
     calls = [s for s in stats.plan.steps if s.sig.name == "EdgeLayer"]
-    assert len(calls) == 1 and len(calls[0].nodes) == len(SIZES) - 3
+    assert len(calls) == 1 and len(calls[0].nodes) == len(SIZES) - 2
+
+
+@pytest.mark.parametrize("scheduler", ["agenda", "depth"])
+def test_graphs_with_as_many_edges_as_nodes_take_the_call_of_two_lengths(
+    scheduler: Scheduler,
+) -> None:
+    torch.manual_seed(2)
+    model = EdgeLayer().double()
+    sizes = [(2, 2), (3, 5), (1, 1), (1, 2), (4, 4), (6, 2), (3, 3)]
+    stats = _check(model, _graphs(sizes), scheduler)
+    # (2, 2) and (1, 1) come before (3, 5) and (1, 2) confirm the call of two lengths
+    assert stats.module_calls_cached == len(sizes) - 4
+    # in a later batch_map, equal lengths first: every call is one node of one step
+    stats = _check(model, _graphs([(4, 4), (1, 1), (5, 3), (2, 2), (7, 7)], seed=3), scheduler)
+    assert stats.module_calls_cached == 5 and stats.module_calls_traced == 0
+    assert stats.plan is not None
+    assert [len(s.nodes) for s in stats.plan.steps if s.sig.name == "EdgeLayer"] == [5]
 
 
 def test_a_later_batch_map_replays_the_call_for_graphs_of_equal_and_new_sizes() -> None:
@@ -149,5 +167,6 @@ class EdgeCount(nn.Module):
 def test_a_branch_on_the_second_length_is_guarded() -> None:
     torch.manual_seed(0)
     model = EdgeCount().double()
-    stats = _check(model, _graphs([(2, 3), (4, 5), (3, 9), (5, 1), (6, 8)]))
-    assert stats.module_calls_cached == 1  # (5, 1); (3, 9) and (6, 8) answer otherwise
+    stats = _check(model, _graphs([(2, 3), (4, 5), (3, 9), (5, 1), (6, 8), (4, 4), (7, 7)]))
+    # (5, 1) and (4, 4); (3, 9), (6, 8) and (7, 7) answer otherwise
+    assert stats.module_calls_cached == 2

@@ -241,6 +241,12 @@ def kept(key: Any, module: nn.Module) -> Any:
     return found[1]
 
 
+def kept_keys(module: nn.Module) -> list[Any]:
+    """The keys of ``module``'s kept traces (whether its state still matches or not)."""
+    with _LOCK:
+        return list(_KEPT.get(module, ()))
+
+
 def forget() -> None:
     """Drop every kept trace (tests; a process that wants every call traced again)."""
     with _LOCK:

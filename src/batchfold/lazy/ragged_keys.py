@@ -4,6 +4,12 @@ A call on sequences is keyed with the leading dim of its ragged inputs left out
 (:func:`ragged_key`), so calls of every length share one entry; :func:`ragged_hit` makes the
 same key for the common call (lazy positional arguments of one rank and one length) without
 the general walk, and :func:`by_shape` says when such a call goes by its exact shape instead.
+
+Length classes are told apart by their lengths, so a call whose classes happen to have one
+length (a molecule of 2 atoms has 2 ordered atom pairs) makes a coarser key than the others.
+Such a call takes the macro confirmed for a finer split of its inputs when there is one
+(:func:`_finer`): a trace that compared the lengths of two classes was refused, so the
+macro's ops do not depend on the classes' lengths differing.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from torch import nn
 from ..graph import TensorMeta
 from ..ragged import family_key, ragged_meta
 from .inference import lazy_metas
+from .kept import kept_keys
 from .lengths import FIXED, SQUARE, guards_hold, rows_flag
 from .semantics import grad_mode, own_hooks
 
@@ -55,6 +62,14 @@ def ragged_key(
     head = _head(module, grad_mode(), classes)
     kparts = rec.kwargs_key(kwargs, inputs) if kwargs else None
     key = _key(head, parts, kparts, metas, positional, ragged_in, square)
+    if len(lengths) < sum(ragged_in) and not _has_macro(cache, key):  # classes of one length
+        for finer in _splits(cache, module, head, classes):
+            finer_key = _key(finer[:5], parts, kparts, metas, positional, ragged_in, -1)
+            if _has_macro(cache, finer_key) or finer_key in kept_keys(module):
+                split = finer[4]
+                lengths = tuple(lengths[classes[split.index(c)]] for c in range(max(split) + 1))
+                flags = tuple(FIXED if c < 0 else rows_flag(c) for c in split)
+                return finer_key, inputs, tuple(metas), flags, lengths
     flags = tuple(FIXED if c < 0 else rows_flag(c) for c in classes)
     if square >= 0:  # [L, d] with d == L, say: the call of rows, if that is cached
         rows_key = _key(head, parts, kparts, metas, positional, ragged_in, -1)
@@ -105,6 +120,31 @@ def by_shape(entry: _Entry | None, lengths: tuple[int, ...], rows: bool) -> bool
     if entry.reason is not None:
         return not rows
     return entry.length == lengths
+
+
+def _has_macro(cache: ModuleCache, key: Any) -> bool:
+    entry = cache.entries.get(key)
+    return entry is not None and entry.macro is not None
+
+
+def _splits(
+    cache: ModuleCache, module: nn.Module, head: tuple[Any, ...], classes: tuple[int, ...]
+) -> list[tuple[Any, ...]]:
+    """Heads of this module's cached or kept ragged calls whose length classes split
+    ``classes`` finer: the same inputs ragged, and inputs of one class there of one class
+    here."""
+    found = []
+    for key in {*cache.entries, *kept_keys(module)}:
+        if type(key) is not tuple or len(key) < 5 or key[:4] != head[:4]:
+            continue
+        split = key[4]
+        if len(split) != len(classes) or split == classes:
+            continue
+        pairs = set(zip(split, classes, strict=True))
+        # -1 stays -1, and each finer class lies within one class of the call's
+        if all((a < 0) == (b < 0) for a, b in pairs) and len({a for a, _ in pairs}) == len(pairs):
+            found.append(key[:5])
+    return sorted(set(found), key=lambda h: -max(h[4]))  # the finest first
 
 
 def _head(module: nn.Module, mode: int, classes: tuple[int, ...]) -> tuple[Any, ...]:
