@@ -142,11 +142,12 @@ def test_torch_tensor_of_a_number_takes_the_short_path_with_eagers_values(
     want, want_stats = bf.batch_map(
         lambda i: _numbers(w, i), list(range(5)), scheduler=scheduler, return_stats=True
     )
+    want_grad = torch.autograd.grad(torch.stack(want).sum(), w)
     assert stats.plan is not None and want_stats.plan is not None
     assert [s.sig.name for s in stats.plan.steps] == [s.sig.name for s in want_stats.plan.steps]
     eager = [_numbers(w, i) for i in range(5)]
     eager_grad = torch.autograd.grad(torch.stack(eager).sum(), w)
-    for g, m, e in zip([*got, *got_grad], [*want, *eager_grad], [*eager, *eager_grad]):
+    for g, m, e in zip([*got, *got_grad], [*want, *want_grad], [*eager, *eager_grad], strict=True):
         assert g.dtype == e.dtype
         torch.testing.assert_close(g, m, rtol=0, atol=0)
         torch.testing.assert_close(g, e)
