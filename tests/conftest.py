@@ -1,4 +1,6 @@
-"""Strict test settings: fixed seeds, deterministic kernels, float64 where values are compared.
+"""Strict test settings: fixed seeds, deterministic kernels, float64 where values are compared,
+and each test's ``batch_map`` runs on new graphs (no signatures kept from an earlier test: plans
+and statistics do not depend on the order tests run in; tests/test_graph_reuse.py covers reuse).
 
 Also the real UD English-EWT splits, read once for the tests of the reader, the loader and the
 transition system.
@@ -17,6 +19,7 @@ import batchfold.blocks.compiler as compiler
 from batchfold.data.conllu import Sentence
 from batchfold.data.paths import find_data
 from batchfold.data.ud import load_ud
+from batchfold.lazy import graphs
 
 
 @pytest.fixture(autouse=True)
@@ -25,6 +28,7 @@ def _seeded() -> None:
     np.random.seed(0)
     torch.manual_seed(0)
     torch.use_deterministic_algorithms(True)
+    graphs.forget()
 
 
 @pytest.fixture

@@ -103,7 +103,7 @@ def test_pytorchs_function_is_back_after_batch_map_and_after_an_error() -> None:
         bf.batch_map(fails, [torch.ones(2)])
     for module in (F, torch.functional, torch._tensor):
         assert module.handle_torch_function is torch.overrides.handle_torch_function
-    assert torch.tensor is torch._C._VariableFunctions.tensor
+    assert torch.tensor is torch._C._VariableFunctions.tensor  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def _numbers(w: torch.Tensor, i: int) -> torch.Tensor:

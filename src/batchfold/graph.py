@@ -10,149 +10,16 @@ A *value* is one tensor output of one node; its id is ``node << OUT_BITS | outpu
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
-import torch
+
+from .signature import Pending, Signature, Slot, TensorMeta
+
+__all__ = ["OUT_BITS", "OUT_MASK", "Graph", "Pending", "Signature", "Slot", "TensorMeta"]
 
 OUT_BITS = 16  # a node has at most 2**16 outputs
 OUT_MASK = (1 << OUT_BITS) - 1
-
-
-class TensorMeta:
-    """Shape, dtype and device of one per-instance value (no batch dimension).
-
-    Instances are interned (:meth:`of`), so equal metas are the same object and compare and
-    hash by identity, which keeps signature lookups cheap.
-    """
-
-    __slots__ = ("shape", "dtype", "device", "size", "__weakref__")
-    _interned: ClassVar[dict[tuple[Any, ...], TensorMeta]] = {}
-
-    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> None:
-        self.shape, self.dtype, self.device = shape, dtype, device
-        self.size = torch.Size(shape)
-
-    @classmethod
-    def of(cls, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> TensorMeta:
-        """The one ``TensorMeta`` with these fields."""
-        key = (shape, dtype, device)
-        meta = cls._interned.get(key)
-        if meta is None:  # setdefault: two threads interning one key get one object
-            meta = cls._interned.setdefault(key, cls(shape, dtype, device))
-        return meta
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (TensorMeta.of, (self.shape, self.dtype, self.device))
-
-    def __repr__(self) -> str:
-        dtype = str(self.dtype).removeprefix("torch.")
-        return f"{dtype}[{', '.join(map(str, self.shape))}]"
-
-
-class Slot:
-    """Marks where the ``index``-th per-instance input goes in a signature's argument template."""
-
-    __slots__ = ("index",)
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-
-    def __repr__(self) -> str:
-        return f"Slot({self.index})"
-
-
-class Signature:
-    """What a set of nodes share so that they may run as one batched call.
-
-    ``key`` is compared in full (never by hash alone). ``template`` holds the call's arguments
-    with a :class:`Slot` for every per-instance input. ``source`` is ``None`` for an op, and
-    for a node with no inputs whose value is its payload, how the payloads make a batch:
-    ``"scalar"`` (Python numbers), ``"tensor"`` (tensors to stack) or ``"constant"`` (one
-    tensor every instance reads, such as a parameter: stacked like ``"tensor"``, but left out
-    when a plan is pickled; the front end that binds the plan supplies it). ``ref``, when
-    set, names the signature in a way that survives pickling: a pickled plan's steps keep
-    only ``ref``, and the front end that made them binds them to its ops again (blocks: the
-    op's index in the compiled model). ``None`` means the signature holds live state, such as
-    per-instance code's modules, and a plan holding it runs only where it was made. ``grad``
-    is the grad mode its nodes were recorded in (0 no grad, 1 grad; ``None``: the caller's),
-    and ``shared`` the outside tensors its template reads, each with the version it had then.
-    The nodes waiting to run are not kept here but in the graph's :class:`Pending` buffers.
-    """
-
-    __slots__ = (
-        "id",
-        "key",
-        "func",
-        "rule",
-        "name",
-        "template",
-        "in_metas",
-        "out_metas",
-        "multi",
-        "site",
-        "source",
-        "grad",
-        "shared",
-        "family",
-        "length",
-        "pool",
-        "ref",
-    )
-
-    def __init__(
-        self,
-        id: int,
-        key: Any,
-        *,
-        func: Callable[..., Any],
-        rule: Any,
-        name: str,
-        template: tuple[Any, Any] = ((), {}),
-        in_metas: tuple[TensorMeta, ...] = (),
-        out_metas: tuple[TensorMeta, ...],
-        multi: type | None = None,
-        site: str = "",
-        source: str | None = None,
-        ref: Any = None,
-    ) -> None:
-        self.id, self.key, self.func, self.rule, self.name = id, key, func, rule, name
-        self.template = template
-        self.in_metas, self.out_metas = in_metas, out_metas
-        self.multi = multi  # None: one tensor out; else the tuple type the op returns
-        self.site = site  # file:line where the first node of this signature was recorded
-        self.source = source
-        self.grad: int | None = None
-        self.shared: tuple[tuple[torch.Tensor, int], ...] = ()
-        self.family: Any = None  # a ragged.Family this signature batches with, if any
-        self.length = 0  # in a family: the length of its ragged leading dim
-        self.pool = id  # the signature whose pending buffer holds this one's nodes
-        self.ref = ref
-
-    def __repr__(self) -> str:
-        ins = ", ".join(map(repr, self.in_metas))
-        outs = ", ".join(map(repr, self.out_metas))
-        return f"Signature({self.id}, {self.name}({ins}) -> {outs})"
-
-
-class Pending:
-    """One signature's nodes recorded and not yet run, owned by the graph.
-
-    ``nodes`` are global node ids; ``inputs`` one row of ``len(sig.in_metas)`` value ids per
-    node; ``instances`` the instance of each node; ``payloads`` the value of each source node.
-    The buffer of a ragged family's first signature holds the nodes of every member, and
-    ``members`` the signature of each (the scheduler groups them as one).
-    """
-
-    __slots__ = ("nodes", "inputs", "instances", "payloads", "members")
-
-    def __init__(self) -> None:
-        self.nodes: list[int] = []
-        self.inputs: list[int] = []
-        self.instances: list[int] = []
-        self.payloads: list[Any] = []
-        self.members: list[int] = []
 
 
 class Graph:
@@ -183,6 +50,11 @@ class Graph:
         self.families: dict[Any, Any] = {}  # family key -> ragged.Family
         self.node_base = 0  # nodes below this have been run
         self.node_depth: list[int] = []  # depth of each pending node (index node - node_base)
+        self.touched: list[int] = []  # the pending buffers holding nodes, in first-use order
+        self.views: set[int] = set()  # signatures whose outputs may view their first input
+        self.kept = 0  # signatures below this id were kept from earlier runs
+        self.operands: dict[Any, Any] = {}  # numbers seen per op (lazy.sources.operand)
+        self._arrays: tuple[list[int], list[int], list[int]] = ([], [], [])
 
     def lookup(self, key: Any) -> Signature | None:
         """The signature with exactly this key, if one was made."""
@@ -217,6 +89,8 @@ class Graph:
         node = base + len(depths)
         depths.append(depth)
         pending = self.pending_of[sig.pool]
+        if not pending.nodes:
+            self.touched.append(sig.pool)
         pending.nodes.append(node)
         pending.inputs.extend(inputs)
         pending.instances.append(instance)
@@ -240,10 +114,10 @@ class Graph:
         """
         sig_of = np.zeros(len(self.node_depth), dtype=np.int64)
         members = {}
-        for sig_id, pending in enumerate(self.pending_of):
-            if pending.nodes:
-                local = members[sig_id] = np.asarray(pending.nodes, dtype=np.int64) - self.node_base
-                sig_of[local] = sig_id
+        for sig_id in sorted(self.touched):
+            nodes = self.pending_of[sig_id].nodes
+            local = members[sig_id] = np.asarray(nodes, dtype=np.int64) - self.node_base
+            sig_of[local] = sig_id
         return sig_of, np.asarray(self.node_depth, dtype=np.int64), members
 
     def node_signatures(self, sig_of: np.ndarray, members: dict[int, np.ndarray]) -> np.ndarray:
@@ -260,12 +134,71 @@ class Graph:
         """Start a new segment: everything recorded so far has been run."""
         self.node_base += len(self.node_depth)
         self.node_depth = []
-        self.pending_of = [Pending() if p.nodes else p for p in self.pending_of]
+        for pool in self.touched:
+            self.pending_of[pool] = Pending()
+        self.touched = []
+
+    def signature_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each signature's number of inputs, whether its rule is expensive (not ``cheap``),
+        and its ragged length, for the scheduler; kept up to date as signatures are made."""
+        widths, expensive, lengths = self._arrays
+        for sig in self.signatures[len(widths) :]:
+            widths.append(len(sig.in_metas))
+            expensive.append(0 if sig.rule is None or sig.rule.cheap else 1)
+            lengths.append(sig.length)
+        return (
+            np.asarray(widths, dtype=np.int64),
+            np.asarray(expensive, dtype=np.int64),
+            np.asarray(lengths, dtype=np.int64),
+        )
+
+    def retire(self) -> None:
+        """End a run: forget its nodes and the signatures made in it that cannot serve another.
+
+        A signature marked ``keep`` (its key holds no object by identity, its template no
+        tensor from outside: an op on lazy values, a source) stays, with its family, so that
+        the next run on this graph finds it instead of making it again (output shapes, family
+        joins, the site). The others are dropped, and those kept renumbered after the ones
+        kept before. A kept signature's pool and family are kept with it: both are made with
+        it or before it, from a key that holds what its own does.
+        """
+        start = self.kept
+        new = self.signatures[start:]
+        survivors: dict[int, int] = {}
+        for sig in new:
+            if sig.keep and (sig.pool < start or sig.pool == sig.id or sig.pool in survivors):
+                survivors[sig.id] = start + len(survivors)
+        for sig in new:
+            if sig.id in survivors:
+                sig.pool = survivors.get(sig.pool, sig.pool)
+            elif self._by_key.get(sig.key) is sig:
+                del self._by_key[sig.key]
+        kept_families: dict[int, bool] = {}  # a family may be under two keys: decide once
+        for fkey, family in list(self.families.items()):
+            keep = kept_families.get(id(family))
+            if keep is None:
+                keep = kept_families[id(family)] = family.rep < start or family.rep in survivors
+                family.rep = survivors.get(family.rep, family.rep)
+            if not keep:
+                del self.families[fkey]
+        self.views = {survivors.get(v, v) for v in self.views if v < start or v in survivors}
+        kept = [sig for sig in new if sig.id in survivors]
+        for sig in kept:
+            sig.id = survivors[sig.id]
+        self.signatures = self.signatures[:start] + kept
+        for pool in self.touched:  # a run that failed leaves nodes behind
+            if pool < start:
+                self.pending_of[pool] = Pending()
+        self.pending_of = self.pending_of[:start] + [Pending() for _ in kept]
+        self.node_base, self.node_depth, self.touched = 0, [], []
+        self.kept = len(self.signatures)
+        self._arrays = tuple(a[:start] for a in self._arrays)  # type: ignore[assignment]
 
     def release(self) -> None:
         """Forget every signature and pending node (see ``Recorder.release``)."""
         self.signatures, self.pending_of, self.node_depth = [], [], []
-        self.families, self._by_key = {}, {}
+        self.families, self._by_key, self.touched, self.views = {}, {}, [], set()
+        self.kept, self._arrays, self.operands = 0, ([], [], []), {}
 
     def lint(self) -> None:
         """Check the pending segment's invariants; raise :class:`GraphError` on a broken graph.

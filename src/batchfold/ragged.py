@@ -46,7 +46,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, eq=False)
 class Family:
     """The signatures of one op that batch across leading-dimension lengths.
 
@@ -58,7 +58,8 @@ class Family:
     (``"sum"``, ``"mean"``, ``"amax"``, ``"logsumexp"``, ``"softmax"``, ``"log_softmax"``)
     or ``"source"`` (per-instance tensors to concatenate). ``ragged_in`` and ``ragged_out``
     say which inputs and outputs have the ragged leading dim; ``rep`` is the first member's
-    signature id, which the scheduler groups by.
+    signature id, which the scheduler groups by (renumbered with it when a graph is kept for
+    another run: ``Graph.retire``). Families compare by identity.
     """
 
     id: int

@@ -78,7 +78,7 @@ def schedule(
     if scheduler == "depth":
         order, bounds = by_depth(sig_of, depth)
     else:
-        expensive = np.array([not sig.rule.cheap for sig in graph.signatures], dtype=np.int64)
+        expensive = graph.signature_arrays()[1]
         consumers, producers = pending_edges(members, inputs, graph.node_base)
         order, bounds = by_agenda(sig_of, depth, expensive, consumers, producers)
     own = graph.node_signatures(sig_of, members)
@@ -148,7 +148,7 @@ class _Layout:
         self.starts = np.asarray(bounds[:-1], dtype=np.int64)
         self.sizes = np.diff(np.asarray(bounds, dtype=np.int64))
         self.step_sig = own[order[self.starts]]  # in a family's mixed step, one member's
-        widths = np.array([len(sig.in_metas) for sig in graph.signatures], dtype=np.int64)
+        widths = graph.signature_arrays()[0]
         self.width = widths[self.step_sig] if n else empty
         self.node_step = np.empty(n, dtype=np.int64)
         self.node_row = np.empty(n, dtype=np.int64)
@@ -248,8 +248,7 @@ class _Layout:
         changes = np.flatnonzero(node_sig[1:] != node_sig[:-1]) + 1
         step = np.searchsorted(self.starts, changes, side="right") - 1
         mixed = np.unique(step[changes != self.starts[step]])  # a change inside a step
-        sigs = self.graph.signatures
-        length_of = np.array([sig.length for sig in sigs], dtype=np.int64)
+        length_of = self.graph.signature_arrays()[2]
         return {
             s: length_of[node_sig[self.starts[s] : self.starts[s] + self.sizes[s]]]
             for s in mixed.tolist()

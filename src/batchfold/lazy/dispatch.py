@@ -29,7 +29,7 @@ from .context import active_recorder
 from .tensor import Lazy
 
 ORIGINAL = torch.overrides.handle_torch_function
-ORIGINAL_TENSOR = torch._C._VariableFunctions.tensor
+ORIGINAL_TENSOR = torch._C._VariableFunctions.tensor  # pyright: ignore[reportAttributeAccessIssue]
 _MODULES = (torch.nn.functional, torch.functional, torch._tensor)
 _stack_len = torch._C._len_torch_function_stack
 _stack_at = torch._C._get_function_stack_at

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import graphs
 from .semantics import is_random, own_hooks
 
 Tensor = torch.Tensor
@@ -248,6 +249,8 @@ def kept_keys(module: nn.Module) -> list[Any]:
 
 
 def forget() -> None:
-    """Drop every kept trace (tests; a process that wants every call traced again)."""
+    """Drop every kept trace, and this thread's kept graphs (tests; a process that wants
+    every call traced again)."""
     with _LOCK:
         _KEPT.clear()
+    graphs.forget()

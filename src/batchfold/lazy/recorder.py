@@ -26,6 +26,7 @@ from ..execute import Executor
 from ..graph import OUT_BITS, Graph
 from ..schedule import Scheduler, schedule
 from ..stats import Stats
+from . import graphs
 from .lengths import plain_lengths
 from .macros import ModuleCache
 from .semantics import VIEW_NAMES, is_random
@@ -48,6 +49,7 @@ _SET_GRAD = torch._C._set_grad_enabled
 _PASS = frozenset([_SET_GRAD, Tensor.__int__, Tensor.__float__, Tensor.__bool__, Tensor.item])
 _PLAIN = frozenset((type(None), str, int, float, bool))  # keyword values keyed as they are
 _FACTORY_ARGS = frozenset((Tensor, int, float, bool))  # a factory call with these runs at once
+_FACTORY_KEYWORDS = frozenset(("dtype", "device", "requires_grad"))  # ... and these keywords
 _IMMUTABLE = frozenset(
     [type(None), str, bytes, complex, torch.dtype, torch.device, torch.Size, torch.layout]
 )
@@ -61,7 +63,7 @@ class Recorder(InPlaceWrites, SignatureMaker, TorchFunctionMode):
     ) -> None:
         super().__init__()
         self.ragged = ragged  # batch ops across the lengths of their leading dim
-        self.graph = Graph()
+        self.graph, self._context = graphs.take(ragged)
         self.store = Executor()
         self.scheduler: Scheduler = scheduler
         self.instance = 0
@@ -73,7 +75,6 @@ class Recorder(InPlaceWrites, SignatureMaker, TorchFunctionMode):
         self._meta_cache: dict[int, tuple[Tensor, Tensor]] = {}
         self._views_of: dict[int, list[weakref.ref[Lazy]]] = {}  # value id -> its lazy views
         self.trace: Trace | None = None  # the module call being traced, if any
-        self._view_sigs: set[int] = set()  # signatures whose outputs may view their first input
         self.modules = ModuleCache(self) if cache_modules else None
         # set when a key holds an object by identity (a tensor, an unhashable or mutable
         # object); the module cache reads it after making a call's key (see kept.py)
@@ -116,9 +117,14 @@ class Recorder(InPlaceWrites, SignatureMaker, TorchFunctionMode):
                 return self._in_place_keyword(func, args, kwargs)
         if func is _TENSOR and (lazy := self.sources.number(args, kwargs)) is not None:
             return lazy  # torch.tensor(word_id), the common case
-        if func in FACTORIES and not kwargs and all(type(a) in _FACTORY_ARGS for a in args):
-            return self.sources.make(func, args, kwargs)  # torch.as_tensor(x), torch.zeros(n)
+        if (
+            func in FACTORIES
+            and all(type(a) in _FACTORY_ARGS for a in args)
+            and (not kwargs or _FACTORY_KEYWORDS.issuperset(kwargs))
+        ):  # torch.as_tensor(x, dtype=dtype, device=device), torch.zeros(n)
+            return self.sources.make(func, args, kwargs)
         inputs: list[int] = []
+        self.by_identity = False
         parts = self.args_key(args, inputs)
         if not inputs and func in FACTORIES and not has_lazy((), kwargs):
             return self.sources.make(func, args, kwargs)
@@ -139,17 +145,17 @@ class Recorder(InPlaceWrites, SignatureMaker, TorchFunctionMode):
                 return self._in_place_function(func, name, args, kwargs)
             sig = self._signature(key, func, args, kwargs, mode)
             if name in VIEW_NAMES:
-                self._view_sigs.add(sig.id)
+                graph.views.add(sig.id)
         first = graph.add(sig, inputs, self.instance)
         if self.trace is not None:
             self.trace.add(sig, inputs, first)
         if sig.multi is None:
             out = Lazy(self, first, sig.out_metas[0])
-            if sig.id in self._view_sigs:
+            if sig.id in graph.views:
                 self._mark_views((out,), args[0])
             return out
         outs = [Lazy(self, first + i, meta) for i, meta in enumerate(sig.out_metas)]
-        if sig.id in self._view_sigs:
+        if sig.id in graph.views:
             self._mark_views(outs, args[0])
         return tuple(outs) if sig.multi is tuple else sig.multi(outs)
 
@@ -261,9 +267,9 @@ class Recorder(InPlaceWrites, SignatureMaker, TorchFunctionMode):
         statistics keeps its steps' signatures.
         """
         self.closed = True
-        self.graph.release()
         if self.modules is not None:
             self.modules.release()
+        graphs.give_back(self.graph, self._context)
         self.graph, self.store, self.modules, self.trace = Graph(), Executor(), None, None
         self._memo, self._views_of, self._meta_cache = {}, {}, {}
 

@@ -28,12 +28,14 @@ Tensor = torch.Tensor
 class SignatureMaker:
     """The recorder's making of signatures (a base class of ``Recorder``).
 
-    It uses the recorder's ``graph``, ``ragged`` (whether families batch across lengths) and
-    ``_meta_cache`` (meta tensors reused by shape inference).
+    It uses the recorder's ``graph``, ``ragged`` (whether families batch across lengths),
+    ``by_identity`` (whether the call's key holds an object by identity) and ``_meta_cache``
+    (meta tensors reused by shape inference).
     """
 
     graph: Graph
     ragged: bool
+    by_identity: bool
     _meta_cache: dict[int, tuple[Tensor, Tensor]]
 
     def _signature(
@@ -89,6 +91,8 @@ class SignatureMaker:
         sig.shared = tuple((t, version(t)) for t in shared_tensors((targs, tkwargs)))
         if self.ragged:
             join_family(self.graph.families, sig, key)
+        # kept for later runs when its key holds no object by identity (see lazy/graphs.py)
+        sig.keep = not (self.by_identity or sig.shared or isinstance(func, BatchedFunction))
         return sig
 
     def _member_signature(
@@ -118,4 +122,5 @@ class SignatureMaker:
         )
         sig.grad, sig.shared = first.grad, first.shared
         sig.family, sig.length, sig.pool = family, length, family.rep
+        sig.keep = first.keep
         return sig

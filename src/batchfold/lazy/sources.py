@@ -24,7 +24,8 @@ if TYPE_CHECKING:
     from .recorder import Recorder
 
 Tensor = torch.Tensor
-_TENSOR = torch._C._VariableFunctions.tensor  # torch.tensor, which batch_map replaces (dispatch.py)
+# torch.tensor, which batch_map replaces while it runs (dispatch.py)
+_TENSOR = torch._C._VariableFunctions.tensor  # pyright: ignore[reportAttributeAccessIssue]
 
 FACTORIES = frozenset(
     getattr(torch, name)
@@ -82,7 +83,6 @@ class SourceMaker:
     def __init__(self, rec: Recorder) -> None:
         self.rec = rec
         self._scalars: dict[tuple[Any, ...], tuple[Signature, TensorMeta]] = {}
-        self._operands: dict[tuple[Any, ...], Any] = {}  # see operand()
 
     def operand(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """``x - c`` whose number ``c`` has differed between calls: ``c`` as a source node.
@@ -110,11 +110,12 @@ class SourceMaker:
         if meta.dtype not in _OPERAND_DTYPES:
             return None
         pattern = (func, meta, at)
-        seen = self._operands.get(pattern, number)
+        operands = self.rec.graph.operands  # kept with the graph, as its signatures are
+        seen = operands.get(pattern, number)
         if seen is not _SWITCHED and seen == number:
-            self._operands[pattern] = number
+            operands[pattern] = number
             return None
-        self._operands[pattern] = _SWITCHED
+        operands[pattern] = _SWITCHED
         with torch._C.DisableTorchFunction():  # from a Lazy method the mode is still on
             value = self.number((number,), {"dtype": meta.dtype, "device": meta.device})
         return (lazy, value) if at == 1 else (value, lazy)
@@ -169,6 +170,7 @@ class SourceMaker:
             )
             if self.rec.ragged:
                 join_family(graph.families, sig, key)
+            sig.keep = True  # a constant's kind: nothing held by identity
         return sig
 
     def make(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
