@@ -28,11 +28,11 @@ from typing import Any
 import torch
 
 import batchfold as bf
-from bench_ragged import workloads
 from batchfold.data.trees import random_tree
 from batchfold.lazy import graphs
 from batchfold.models.tree_lstm import TreeLSTMClassifier, tree_node_losses
 from batchfold.models.weave import WeaveModel, weave_predict
+from bench_ragged import workloads
 from machine import describe_machine, markdown_table, write_results
 
 RESULTS = Path(__file__).resolve().parent / "results"
