@@ -301,9 +301,9 @@ class Recorder(InPlaceWrites, SignatureMaker, TorchFunctionMode):
         self.graph.clear_pending()
 
     def _check_shared_versions(self) -> None:
-        for sig, pending in zip(self.graph.signatures, self.graph.pending_of, strict=True):
-            if not pending.nodes:
-                continue
+        signatures = self.graph.signatures
+        for pool in self.graph.touched:  # the buffers holding pending nodes
+            sig = signatures[pool]
             for tensor, seen in sig.shared:
                 if version(tensor) != seen:
                     raise UnsupportedOpError(
