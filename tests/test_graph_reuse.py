@@ -4,7 +4,9 @@ an object by identity."""
 
 from __future__ import annotations
 
+import gc
 import threading
+import weakref
 
 import pytest
 import torch
@@ -36,7 +38,11 @@ def _kept() -> list[Graph]:
 def _check_kept(graph: Graph) -> None:
     """A kept graph's invariants: ids in order, pools and families among the kept, no nodes."""
     for i, sig in enumerate(graph.signatures):
-        assert sig.id == i and sig.keep and not sig.shared
+        assert sig.id == i
+        if sig.keep is True:  # nothing held by identity
+            assert not sig.shared
+        else:  # a kept module call's member, while its macro is kept
+            assert sig.keep() is not None and sig.name == "Pool"
         assert graph.signatures[sig.pool].pool == sig.pool
         assert sig.family is None or graph.signatures[sig.family.rep] is graph.signatures[sig.pool]
         assert graph.lookup(sig.key) is sig
@@ -103,6 +109,32 @@ def test_a_later_run_finds_the_signatures_of_lengths_seen_before(
     assert not kept & set(made)  # every kept kind was found, not made
     assert again.steps <= first.steps
     _check_kept(_kept()[0])
+    # the module call confirmed in an earlier run keeps its members from the second run on
+    assert "Pool" in {sig.name for sig in _kept()[0].signatures}
+    made.clear()
+    with torch.no_grad():
+        model.lin.weight.mul_(0.5)  # in place, as an optimizer step: seen
+    _run(model, w, _sequences([5, 3, 7], seed=2), scheduler)
+    assert made.count("Pool") == 0 and made.count("matmul") == 3
+    _check_kept(_kept()[0])
+
+
+def test_a_kept_module_call_goes_with_its_module() -> None:
+    torch.manual_seed(2)
+    w = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    model = Pool().double()
+    for seed in range(3):  # traced and confirmed, then kept with the graph
+        _run(model, w, _sequences([3, 5, 2], seed=seed), "depth")
+    graph = _kept()[0]
+    assert graph.macros and "Pool" in {sig.name for sig in graph.signatures}
+    gone = weakref.ref(model)
+    del model
+    gc.collect()
+    assert gone() is None  # the kept graph does not keep the module alive
+    other = Pool().double()
+    _run(other, w, _sequences([4, 6], seed=4), "depth")  # the next run drops its signatures
+    assert not graph.macros and "Pool" not in {sig.name for sig in graph.signatures}
+    _check_kept(graph)
 
 
 def test_a_run_that_fails_leaves_a_clean_graph(monkeypatch: pytest.MonkeyPatch) -> None:

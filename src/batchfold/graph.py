@@ -54,6 +54,8 @@ class Graph:
         self.views: set[int] = set()  # signatures whose outputs may view their first input
         self.kept = 0  # signatures below this id were kept from earlier runs
         self.operands: dict[Any, Any] = {}  # numbers seen per op (lazy.sources.operand)
+        self.macros: dict[Any, Any] = {}  # ragged macros kept with it (lazy.ragged_macros)
+        self._weakly_kept: list[Signature] = []  # kept signatures whose keep is a weak reference
         self._arrays: tuple[list[int], list[int], list[int]] = ([], [], [])
 
     def lookup(self, key: Any) -> Signature | None:
@@ -163,10 +165,15 @@ class Graph:
         it or before it, from a key that holds what its own does.
         """
         start = self.kept
+        if any(sig.keep() is None for sig in self._weakly_kept):
+            start = 0  # one kept by a weak reference has lost it: go through all of them
         new = self.signatures[start:]
         survivors: dict[int, int] = {}
         for sig in new:
-            if sig.keep and (sig.pool < start or sig.pool == sig.id or sig.pool in survivors):
+            keep = sig.keep  # True, or a weak reference: kept while its referent lives
+            if keep is not True and not (keep and keep() is not None):
+                continue
+            if sig.pool < start or sig.pool == sig.id or sig.pool in survivors:
                 survivors[sig.id] = start + len(survivors)
         for sig in new:
             if sig.id in survivors:
@@ -193,12 +200,14 @@ class Graph:
         self.node_base, self.node_depth, self.touched = 0, [], []
         self.kept = len(self.signatures)
         self._arrays = tuple(a[:start] for a in self._arrays)  # type: ignore[assignment]
+        self._weakly_kept = [sig for sig in self.signatures if sig.keep is not True]
 
     def release(self) -> None:
         """Forget every signature and pending node (see ``Recorder.release``)."""
         self.signatures, self.pending_of, self.node_depth = [], [], []
         self.families, self._by_key, self.touched, self.views = {}, {}, [], set()
-        self.kept, self._arrays, self.operands = 0, ([], [], []), {}
+        self.kept, self._arrays, self.operands, self.macros = 0, ([], [], []), {}, {}
+        self._weakly_kept = []
 
     def lint(self) -> None:
         """Check the pending segment's invariants; raise :class:`GraphError` on a broken graph.

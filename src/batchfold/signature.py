@@ -123,7 +123,8 @@ class Signature:
         self.length = 0  # in a family: the length of its ragged leading dim
         self.pool = id  # the signature whose pending buffer holds this one's nodes
         self.ref = ref
-        self.keep = False  # may serve later runs (see Graph.retire)
+        self.keep: Any = False  # may serve later runs: True, or a weak reference to what it
+        # lives by (see Graph.retire)
 
     def __repr__(self) -> str:
         ins = ", ".join(map(repr, self.in_metas))

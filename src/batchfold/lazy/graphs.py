@@ -54,6 +54,9 @@ def take(ragged: bool) -> tuple[Graph, Any]:
 def give_back(graph: Graph, context: Any) -> None:
     """End ``graph``'s run (:meth:`Graph.retire`) and keep it for this thread's next run in
     the ``context`` it was taken in."""
+    gone = [key for key, held in graph.macros.items() if held.macro.module() is None]
+    for key in gone:  # its module is gone: so are its signatures (nothing else holds it)
+        del graph.macros[key]
     graph.retire()
     if len(graph.signatures) > MAX_SIGNATURES:
         graph.release()

@@ -108,7 +108,7 @@ class ModuleCache:
         """Drop the entries; a ragged macro's member signatures refer back to it, so its
         members go first (see ``Recorder.release``)."""
         for entry in self.entries.values():
-            if entry.macro is not None:
+            if entry.macro is not None and not entry.macro.keep:  # kept: see KeptMacro
                 entry.macro.members.clear()
         self.entries = {}
 

@@ -21,6 +21,7 @@ which every length differs, and returns fixed values or rows of its first class.
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -78,8 +79,7 @@ def call_ragged(
         found, guards, traced = earlier  # confirmed by an earlier batch_map
         if guards_hold(guards, lengths):
             entry.ragged, entry.length, entry.guards = found, traced, guards
-            found = found.for_store(cache.rec.store.fallbacks)
-            entry.macro = RaggedMacro(cache.rec.graph, module, found, (args, kwargs), flags)
+            entry.macro = _kept_macro(cache.rec, key, found, module, (args, kwargs), flags)
             cache.hits += 1
             return entry.macro.node(cache.rec, inputs, metas, lengths)
     trace, result = cache.trace_call(module, args, kwargs, inputs, lengths, flags)
@@ -195,6 +195,42 @@ def ragged_template(
     return RaggedTemplate(found, op_ragged, tuple(o == ROWS for o in outs), class_input)
 
 
+def _kept_macro(
+    rec: Recorder,
+    key: Any,
+    found: RaggedTemplate,
+    module: nn.Module,
+    call: tuple[tuple[Any, ...], dict[str, Any]],
+    flags: tuple[int, ...],
+) -> RaggedMacro:
+    """The macro of a call confirmed by an earlier ``batch_map``: the one the graph kept for
+    this template (its member signatures, one per length, made in earlier runs), bound to
+    this run, or a new one the graph keeps (see :class:`KeptMacro`)."""
+    held = rec.graph.macros.get(key)
+    if held is not None and held.found is found and held.macro.module() is module:
+        held.macro.bind(found.for_store(rec.store.fallbacks))
+        return held.macro
+    macro = RaggedMacro(rec.graph, module, found.for_store(rec.store.fallbacks), call, flags)
+    held = rec.graph.macros[key] = KeptMacro(found, macro)
+    macro.keep = weakref.ref(held)
+    return macro
+
+
+class KeptMacro:
+    """A ragged macro kept with its graph for later runs, and the template it was made from.
+
+    The graph's ``macros`` holds it by the call's cache key. Its member signatures are kept
+    while it is (their ``keep`` is a weak reference to it), so a macro replaced by a new
+    template (the module changed) or dropped with its module (``lazy.graphs.give_back``)
+    takes them along at the next ``Graph.retire``. The macro holds its module weakly.
+    """
+
+    __slots__ = ("found", "macro", "__weakref__")
+
+    def __init__(self, found: RaggedTemplate, macro: RaggedMacro) -> None:
+        self.found, self.macro = found, macro
+
+
 class RaggedMacro:
     """A confirmed ragged call: its family, and a member signature per set of lengths."""
 
@@ -206,8 +242,11 @@ class RaggedMacro:
         call: tuple[tuple[Any, ...], dict[str, Any]],
         flags: tuple[int, ...],
     ) -> None:
-        self.graph, self.found, self.module = graph, found, module
+        self.graph, self.found = graph, found
+        self.module = weakref.ref(module)  # a kept macro must not keep its module alive
+        self.kind = type(module)
         self.name = type(module).__name__
+        self.keep: Any = False  # for its member signatures: see KeptMacro
         self.call_template = (template(call[0], []), template(call[1], []))
         self.site = user_site()
         self.shared = found.shared_now()
@@ -218,6 +257,16 @@ class RaggedMacro:
         self.secondary = tuple(i for i, f in enumerate(flags) if f > SQUARE)
         self.members: dict[tuple[int, ...], Signature] = {}
         self.family: Family | None = None
+
+    def bind(self, found: RaggedTemplate) -> None:
+        """Run in a new ``batch_map``: replay ``found`` (the template, counting fallbacks in
+        the new run's statistics) and see the weights' versions as of now."""
+        self.found = found
+        self.shared = found.shared_now()
+        for sig in self.members.values():
+            sig.shared = self.shared
+        if self.family is not None:
+            self.family.replay = found.replay_packed
 
     def node(
         self,
@@ -240,7 +289,7 @@ class RaggedMacro:
         )
         sig = self.graph.signature(
             (RAGGED, id(self), lengths),
-            func=self.module,
+            func=self.kind,
             rule=OpRule(self.name, self._uniform),
             name=self.name,
             template=self.call_template,
@@ -263,7 +312,7 @@ class RaggedMacro:
             )
             self.graph.families[(RAGGED, id(self))] = self.family
         sig.shared, sig.family, sig.length = self.shared, self.family, length
-        sig.pool = self.family.rep
+        sig.pool, sig.keep = self.family.rep, self.keep
         self.members[lengths] = sig
         return sig
 
