@@ -9,7 +9,7 @@ output of an earlier op), or says why the call cannot be cached.
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Self
 
 import torch
 
@@ -119,7 +119,7 @@ class Template:
         self.ops, self.outputs, self.structure = ops, outputs, structure
         self.fallbacks = fallbacks
 
-    def for_store(self, fallbacks: Fallbacks) -> Template:
+    def for_store(self, fallbacks: Fallbacks) -> Self:
         """This template counting its fallback ops in another recorder's ``fallbacks``."""
         made = copy.copy(self)
         made.fallbacks = fallbacks
