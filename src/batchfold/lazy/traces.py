@@ -9,7 +9,7 @@ output of an earlier op), or says why the call cannot be cached.
 from __future__ import annotations
 
 import copy
-from typing import Any, Self
+from typing import Any, TypeVar
 
 import torch
 
@@ -106,6 +106,9 @@ class Trace:
         return Template(ops, refs, structure, fallbacks)
 
 
+_Made = TypeVar("_Made", bound="Template")  # for_store keeps the kind of template
+
+
 class Template:
     """A module call's ops, replayed on a whole batch as one step (see the module docstring)."""
 
@@ -119,7 +122,7 @@ class Template:
         self.ops, self.outputs, self.structure = ops, outputs, structure
         self.fallbacks = fallbacks
 
-    def for_store(self, fallbacks: Fallbacks) -> Self:
+    def for_store(self: _Made, fallbacks: Fallbacks) -> _Made:
         """This template counting its fallback ops in another recorder's ``fallbacks``."""
         made = copy.copy(self)
         made.fallbacks = fallbacks
