@@ -182,16 +182,14 @@ def pending_edges(
     ``members[sig]`` are the signature's pending nodes and ``inputs[sig]`` their input
     value ids, one row per node.
     """
-    consumer_parts, producer_parts = [], []
-    for sig_id, table in inputs.items():
-        if table.shape[1] == 0:
-            continue
-        local = members[sig_id]
-        producer = (table >> OUT_BITS) - base  # [k, width]
-        keep = producer >= 0
-        consumer_parts.append(np.broadcast_to(local[:, None], producer.shape)[keep])
-        producer_parts.append(producer[keep])
+    consumer_parts, value_parts = [], []
+    for sig_id, table in inputs.items():  # two NumPy calls a signature, the rest for all
+        if table.shape[1]:
+            consumer_parts.append(np.repeat(members[sig_id], table.shape[1]))  # row-major
+            value_parts.append(table.ravel())
     if not consumer_parts:
         empty = np.zeros(0, dtype=np.int64)
         return empty, empty
-    return np.concatenate(consumer_parts), np.concatenate(producer_parts)
+    producer = (np.concatenate(value_parts) >> OUT_BITS) - base
+    keep = producer >= 0
+    return np.concatenate(consumer_parts)[keep], producer[keep]
