@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import batchfold as bf
+from batchfold.execute import Executor
 from reference import assert_matches_eager
 
 pytestmark = pytest.mark.usefixtures("float64")
@@ -176,3 +177,39 @@ def test_grad_mode_set_inside_one_instance_does_not_leak() -> None:
     outs = bf.batch_map(fn, range(4))
     assert all(out.requires_grad for out in outs)
     assert torch.is_grad_enabled()
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float64, torch.float16, torch.int64, torch.int32, torch.bool]
+)
+def test_numbers_read_from_0_d_values_are_eagers(dtype: torch.dtype) -> None:
+    """``int()``, ``float()``, ``bool()`` and ``.item()`` of 0-d values read the step's numbers
+    without the value's tensor: the same numbers and Python types as eager; other shapes and
+    complex values read through the tensor, and raise where eager raises."""
+    gen = torch.Generator().manual_seed(0)
+    xs = [(torch.randn(3, generator=gen) * 4).to(dtype) for _ in range(6)]
+
+    def fn(x: torch.Tensor) -> list[Any]:
+        x = torch.as_tensor(x)
+        v = x.sum() if dtype is not torch.bool else x.any()
+        first = x[0]
+        reads = [int(v), float(v), bool(v), v.item(), first.item(), int(x.max()), float(first)]
+        z = torch.complex(x[:2].float(), x[1:].float())[0]
+        return [*reads, z.item(), x[:1].item(), float(x[1:2])]
+
+    got = bf.batch_map(fn, xs)
+    want = [fn(x) for x in xs]
+    assert got == want
+    assert [[type(r) for r in g] for g in got] == [[type(r) for r in w] for w in want]
+    with pytest.raises(RuntimeError, match="ambiguous"):  # as eager: bool() of 3 elements
+        bf.batch_map(lambda x: bool(torch.as_tensor(x) > 0), xs[:2])
+
+
+def test_a_decoder_reads_its_tokens_without_their_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
+    tensors_read = []
+    value = Executor.value
+    monkeypatch.setattr(Executor, "value", lambda self, v: tensors_read.append(v) or value(self, v))
+    model = Decoder()
+    starts = [(1, 5), (2, 9), (3, 2), (4, 7)]
+    got = bf.batch_map(lambda s: model.decode(s)[0], starts)
+    assert got == [model.decode(s)[0] for s in starts] and not tensors_read

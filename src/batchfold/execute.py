@@ -51,6 +51,7 @@ class Executor:
         # (step, output) of a packed fanout -> each chunk's row offsets
         self.chunk_offsets: dict[tuple[int, int], list[np.ndarray]] = {}
         self.profile: Profile | None = None  # set to time every step
+        self._numbers: dict[tuple[int, int], list[Any]] = {}  # (step, output) -> its numbers
 
     @property
     def locations(self) -> tuple[np.ndarray, np.ndarray]:
@@ -66,6 +67,19 @@ class Executor:
         if offsets is not None:
             return tensor[int(offsets[row]) : int(offsets[row + 1])]
         return tensor[row]
+
+    def number(self, v: int) -> Any:
+        """``item()`` of computed 0-d value ``v``: its step output is read into Python numbers
+        once, for all the values that sync points read from it (a greedy decoder's tokens)."""
+        node = v >> OUT_BITS
+        step, row = int(self.node_step[node]), int(self.node_row[node])
+        key = (step, v & OUT_MASK)
+        numbers = self._numbers.get(key)
+        if numbers is None:
+            if key in self.packed:  # rows of a ragged value: never 0-d, but as value() does
+                return self.value(v).item()
+            numbers = self._numbers[key] = self.outputs[step][v & OUT_MASK].tolist()
+        return numbers[row]
 
     def values(self, vids: list[int]) -> list[Tensor]:
         """The tensors of many computed values: one gather per step output, then unbound."""

@@ -315,6 +315,18 @@ class Recorder(InPlaceWrites, SignatureMaker, TorchFunctionMode):
 
     def read(self, lazy: Lazy, what: str) -> Tensor:
         """``lazy``'s value: a sync point, where the instance waits for a batched run."""
+        self._wait(lazy, what)
+        with torch._C.DisableTorchFunction(), torch.enable_grad():  # the mode is on: pass it by
+            return self.store.value(lazy._vid)
+
+    def read_number(self, lazy: Lazy, what: str) -> Any:
+        """``lazy.item()`` of a 0-d value, a sync point as :meth:`read`: the number, read
+        without making the value's tensor (``int(logits.argmax())`` in a decoder)."""
+        self._wait(lazy, what)
+        return self.store.number(lazy._vid)
+
+    def _wait(self, lazy: Lazy, what: str) -> None:
+        """Until ``lazy`` is computed: the instance pauses, or everything pending runs."""
         if self.closed:
             raise LazyValueError(LAZY_AFTER_RUN.format(what=what))
         if self.trace is not None:  # other instances run while this one waits: stop tracing
@@ -325,8 +337,6 @@ class Recorder(InPlaceWrites, SignatureMaker, TorchFunctionMode):
                 self.driver.pause()  # resumes once every instance waits or is done
             else:
                 self.flush()
-        with torch._C.DisableTorchFunction(), torch.enable_grad():  # the mode is on: pass it by
-            return self.store.value(lazy._vid)
 
     def materialize(self, result: Any) -> Any:
         """Replace every lazy value in a (nested) result by its tensor.

@@ -127,22 +127,35 @@ class Lazy:
     def _read(self, what: str) -> Tensor:
         return self._rec.read(self, what)
 
+    def _as_tensor(self) -> bool:
+        """Whether a read of this value as a number goes through its tensor, as eager's does:
+        not one 0-d real number (which :meth:`Recorder.read_number` reads without one)."""
+        return bool(self._meta.shape) or self._meta.dtype.is_complex
+
     def item(self) -> Any:
         """Compute the value (a sync point) and return it as a Python number."""
-        return self._read("item()").item()
+        if self._as_tensor():
+            return self._read("item()").item()  # as eager: one element, or it raises
+        return self._rec.read_number(self, "item()")
 
     def tolist(self) -> Any:
         """Compute the value (a sync point) and return it as (nested) Python lists."""
         return self._read("tolist()").tolist()
 
     def __bool__(self) -> bool:
-        return bool(self._read("bool()"))
+        if self._as_tensor():
+            return bool(self._read("bool()"))
+        return bool(self._rec.read_number(self, "bool()"))
 
     def __int__(self) -> int:
-        return int(self._read("int()"))
+        if self._as_tensor():
+            return int(self._read("int()"))
+        return int(self._rec.read_number(self, "int()"))
 
     def __float__(self) -> float:
-        return float(self._read("float()"))
+        if self._as_tensor():
+            return float(self._read("float()"))
+        return float(self._rec.read_number(self, "float()"))
 
     def __index__(self) -> int:
         return self._read("an index").__index__()
