@@ -157,12 +157,14 @@ class Graph:
     def retire(self) -> None:
         """End a run: forget its nodes and the signatures made in it that cannot serve another.
 
-        A signature marked ``keep`` (its key holds no object by identity, its template no
-        tensor from outside: an op on lazy values, a source) stays, with its family, so that
-        the next run on this graph finds it instead of making it again (output shapes, family
-        joins, the site). The others are dropped, and those kept renumbered after the ones
-        kept before. A kept signature's pool and family are kept with it: both are made with
-        it or before it, from a key that holds what its own does.
+        A signature whose ``keep`` is ``True`` (its key holds no object by identity, its
+        template no tensor from outside: an op on lazy values, a source) stays, with its
+        family, so that the next run on this graph finds it instead of making it again (output
+        shapes, family joins, the site); one whose ``keep`` is a weak reference (a kept module
+        call's member) stays while the reference lives, and once one has died, every kept
+        signature is gone through again. The others are dropped, and those kept renumbered
+        after the ones kept before. A kept signature's pool and family are kept with it: both
+        are made with it or before it, from a key that holds what its own does.
         """
         start = self.kept
         if any(sig.keep() is None for sig in self._weakly_kept):
