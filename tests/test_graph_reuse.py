@@ -215,3 +215,14 @@ def test_a_run_under_another_default_dtype_takes_another_graph(float64: None) ->
     assert first[0].dtype == torch.float32 and again[0].dtype == torch.float64 == fn(1).dtype
     torch.testing.assert_close(again[1], fn(2))
     assert len(_kept()) == 2
+
+
+def test_a_blocks_model_with_per_instance_code_leaves_the_kept_graph_alone() -> None:
+    from batchfold.blocks import Function, Vector, compile
+
+    fn = lambda x: torch.tanh(torch.as_tensor(x)).sum(0)  # noqa: E731
+    bf.batch_map(fn, _sequences([2, 3], seed=6), ragged=False)  # as block graphs record
+    (kept,) = _kept()
+    model = compile(Vector(2) >> Function(lambda h: torch.relu(h) * 2, per_instance=True))
+    model([[1.0, -2.0], [3.0, 4.0]])
+    assert _kept() == [kept]  # its recorder records into the block graph, not a kept one

@@ -322,10 +322,10 @@ class InlineRecorder(Recorder):
     """Records the per-instance code of ``Function(..., per_instance=True)`` into a block graph."""
 
     def __init__(self, graph: Graph) -> None:
-        super().__init__(ragged=False)  # block plans hold one row per node
-        self.graph = graph
+        super().__init__(ragged=False, graph=graph)  # block plans hold one row per node
 
-    def read(self, lazy: Lazy, what: str) -> torch.Tensor:
+    def wait(self, lazy: Lazy, what: str) -> None:
+        """Refuse every read of a value (``item()``, ``int()``, the tensor)."""
         raise BlockInputError(
             f"{what} of a lazy value inside Function(..., per_instance=True): values are not "
             "computed while a block model records its inputs. Read values in code run by "

@@ -59,11 +59,16 @@ class Recorder(InPlaceWrites, SignatureMaker, TorchFunctionMode):
     """Records the PyTorch calls of one ``batch_map`` into a graph and runs it on demand."""
 
     def __init__(
-        self, scheduler: Scheduler = "agenda", cache_modules: bool = True, ragged: bool = True
+        self,
+        scheduler: Scheduler = "agenda",
+        cache_modules: bool = True,
+        ragged: bool = True,
+        graph: Graph | None = None,
     ) -> None:
         super().__init__()
         self.ragged = ragged  # batch ops across the lengths of their leading dim
-        self.graph, self._context = graphs.take(ragged)
+        # a graph given is another front end's; else one kept from this thread's last run
+        self.graph, self._context = (graph, None) if graph is not None else graphs.take(ragged)
         self.store = Executor()
         self.scheduler: Scheduler = scheduler
         self.instance = 0
@@ -269,7 +274,8 @@ class Recorder(InPlaceWrites, SignatureMaker, TorchFunctionMode):
         self.closed = True
         if self.modules is not None:
             self.modules.release()
-        graphs.give_back(self.graph, self._context)
+        if self._context is not None:
+            graphs.give_back(self.graph, self._context)
         self.graph, self.store, self.modules, self.trace = Graph(), Executor(), None, None
         self._memo, self._views_of, self._meta_cache = {}, {}, {}
 
@@ -315,18 +321,19 @@ class Recorder(InPlaceWrites, SignatureMaker, TorchFunctionMode):
 
     def read(self, lazy: Lazy, what: str) -> Tensor:
         """``lazy``'s value: a sync point, where the instance waits for a batched run."""
-        self._wait(lazy, what)
+        self.wait(lazy, what)
         with torch._C.DisableTorchFunction(), torch.enable_grad():  # the mode is on: pass it by
             return self.store.value(lazy._vid)
 
     def read_number(self, lazy: Lazy, what: str) -> Any:
         """``lazy.item()`` of a 0-d value, a sync point as :meth:`read`: the number, read
         without making the value's tensor (``int(logits.argmax())`` in a decoder)."""
-        self._wait(lazy, what)
+        self.wait(lazy, what)
         return self.store.number(lazy._vid)
 
-    def _wait(self, lazy: Lazy, what: str) -> None:
-        """Until ``lazy`` is computed: the instance pauses, or everything pending runs."""
+    def wait(self, lazy: Lazy, what: str) -> None:
+        """The sync point of a read of ``lazy`` (``what``: ``"int()"``...): until it is
+        computed, the instance pauses, or everything pending runs."""
         if self.closed:
             raise LazyValueError(LAZY_AFTER_RUN.format(what=what))
         if self.trace is not None:  # other instances run while this one waits: stop tracing
