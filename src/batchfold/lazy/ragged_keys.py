@@ -8,7 +8,7 @@ the general walk, and :func:`by_shape` says when such a call goes by its exact s
 Length classes are told apart by their lengths, so a call whose classes happen to have one
 length (a molecule of 2 atoms has 2 ordered atom pairs) makes a coarser key than the others.
 Such a call takes the macro confirmed for a finer split of its inputs when there is one
-(:func:`_finer`): a trace that compared the lengths of two classes was refused, so the
+(:func:`_splits`): a trace that compared the lengths of two classes was refused, so the
 macro's ops do not depend on the classes' lengths differing.
 """
 
