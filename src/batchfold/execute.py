@@ -75,9 +75,7 @@ class Executor:
         step, row = int(self.node_step[node]), int(self.node_row[node])
         key = (step, v & OUT_MASK)
         numbers = self._numbers.get(key)
-        if numbers is None:
-            if key in self.packed:  # rows of a ragged value: never 0-d, but as value() does
-                return self.value(v).item()
+        if numbers is None:  # 0-d values: never rows of a packed (ragged) output
             numbers = self._numbers[key] = self.outputs[step][v & OUT_MASK].tolist()
         return numbers[row]
 

@@ -17,9 +17,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-import torch
-
 from ..graph import Graph
+from .semantics import run_context
 
 MAX_SIGNATURES = 20_000
 """A graph keeping more signatures than this starts afresh (a program of very many shapes)."""
@@ -28,12 +27,7 @@ _THREAD = threading.local()
 
 
 def _context(ragged: bool) -> tuple[Any, ...]:
-    return (
-        ragged,
-        torch.get_default_dtype(),
-        torch.is_autocast_enabled("cpu"),
-        torch.is_autocast_enabled("cuda"),
-    )
+    return (ragged, *run_context())
 
 
 def _free() -> dict[tuple[Any, ...], list[Graph]]:
@@ -60,7 +54,6 @@ def give_back(graph: Graph, context: Any) -> None:
     graph.retire()
     if len(graph.signatures) > MAX_SIGNATURES:
         graph.release()
-        graph.retire()
     _free().setdefault(context, []).append(graph)
 
 

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from . import graphs
-from .semantics import is_random, own_hooks
+from .semantics import is_random, own_hooks, run_context
 
 Tensor = torch.Tensor
 MAX_KEPT = 256
@@ -139,14 +139,6 @@ def _same(snap: Any, value: Any) -> bool:
     )
 
 
-def _context() -> tuple[Any, ...]:
-    return (
-        torch.get_default_dtype(),
-        torch.is_autocast_enabled("cpu"),
-        torch.is_autocast_enabled("cuda"),
-    )
-
-
 def snapshot(module: nn.Module) -> tuple[Any, ...] | None:
     """What a kept trace of ``module`` depends on besides its arguments; ``None`` if the
     module cannot be kept (hooks, or an attribute of a kind not compared)."""
@@ -166,13 +158,13 @@ def snapshot(module: nn.Module) -> tuple[Any, ...] | None:
             for name, t in (*m._parameters.items(), *m._buffers.items())
         )
         parts.append((weakref.ref(m), type(m), tuple(attributes), tensors))
-    return (_context(), tuple(parts))
+    return (run_context(), tuple(parts))
 
 
 def unchanged(state: tuple[Any, ...], module: nn.Module) -> bool:
     """Whether ``module`` is in the state :func:`snapshot` recorded."""
     context, parts = state
-    if context != _context():
+    if context != run_context():
         return False
     modules = list(module.modules())
     if len(modules) != len(parts):
@@ -217,7 +209,7 @@ def keep(
     parameter or buffer of ``module``, no op draws random numbers, no autocast is on, and the
     module's state can be recorded (see the module docstring).
     """
-    if read is None or draws_random(ops) or any(_context()[1:]):
+    if read is None or draws_random(ops) or any(run_context()[1:]):
         return
     own = {id(t) for t in module.parameters()} | {id(t) for t in module.buffers()}
     if any(id(t) not in own for t, _ in shared) or any(id(t) not in own for t in read):

@@ -63,9 +63,10 @@ def ragged_key(
     kparts = rec.kwargs_key(kwargs, inputs) if kwargs else None
     key = _key(head, parts, kparts, metas, positional, ragged_in, square)
     if len(lengths) < sum(ragged_in) and not _has_macro(cache, key):  # classes of one length
-        for finer in _splits(cache, module, head, classes):
-            finer_key = _key(finer[:5], parts, kparts, metas, positional, ragged_in, -1)
-            if _has_macro(cache, finer_key) or finer_key in kept_keys(module):
+        earlier = set(kept_keys(module))
+        for finer in _splits(cache, earlier, head, classes):
+            finer_key = _key(finer, parts, kparts, metas, positional, ragged_in, -1)
+            if _has_macro(cache, finer_key) or finer_key in earlier:
                 split = finer[4]
                 lengths = tuple(lengths[classes[split.index(c)]] for c in range(max(split) + 1))
                 flags = tuple(FIXED if c < 0 else rows_flag(c) for c in split)
@@ -128,13 +129,13 @@ def _has_macro(cache: ModuleCache, key: Any) -> bool:
 
 
 def _splits(
-    cache: ModuleCache, module: nn.Module, head: tuple[Any, ...], classes: tuple[int, ...]
+    cache: ModuleCache, earlier: set[Any], head: tuple[Any, ...], classes: tuple[int, ...]
 ) -> list[tuple[Any, ...]]:
-    """Heads of this module's cached or kept ragged calls whose length classes split
-    ``classes`` finer: the same inputs ragged, and inputs of one class there of one class
-    here."""
+    """Heads of this module's cached or kept (``earlier``) ragged calls whose length classes
+    split ``classes`` finer: the same inputs ragged, and inputs of one class there of one
+    class here."""
     found = []
-    for key in {*cache.entries, *kept_keys(module)}:
+    for key in {*cache.entries, *earlier}:
         if type(key) is not tuple or len(key) < 5 or key[:4] != head[:4]:
             continue
         split = key[4]

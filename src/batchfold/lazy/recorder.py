@@ -27,6 +27,7 @@ from ..graph import OUT_BITS, Graph
 from ..schedule import Scheduler, schedule
 from ..stats import Stats
 from . import graphs
+from .dispatch import ORIGINAL_TENSOR
 from .lengths import plain_lengths
 from .macros import ModuleCache
 from .semantics import VIEW_NAMES, is_random
@@ -42,7 +43,6 @@ Tensor = torch.Tensor
 _grad_enabled = torch.is_grad_enabled
 _inference_mode = torch.is_inference_mode_enabled
 _LEADING = ("input", "tensors", "self")  # parameter names that come first when passed by name
-_TENSOR = torch.tensor
 _mode_active = torch._C._is_torch_function_mode_enabled
 _GETTER = type(Tensor.device.__get__)  # what the mode sees for an attribute read of a tensor
 _SET_GRAD = torch._C._set_grad_enabled
@@ -120,7 +120,7 @@ class Recorder(InPlaceWrites, SignatureMaker, TorchFunctionMode):
                 args = (kwargs.pop(first),)
             if kwargs.get("inplace") is True or kwargs.get("out") is not None:
                 return self._in_place_keyword(func, args, kwargs)
-        if func is _TENSOR and (lazy := self.sources.number(args, kwargs)) is not None:
+        if func is ORIGINAL_TENSOR and (lazy := self.sources.number(args, kwargs)) is not None:
             return lazy  # torch.tensor(word_id), the common case
         if (
             func in FACTORIES

@@ -141,6 +141,16 @@ def own_hooks(module: torch.nn.Module) -> bool:
     )
 
 
+def run_context() -> tuple[Any, ...]:
+    """What a recorded call's output dtypes depend on besides its key: the default dtype and
+    autocast (kept traces and kept graphs serve only calls made under the same)."""
+    return (
+        torch.get_default_dtype(),
+        torch.is_autocast_enabled("cpu"),
+        torch.is_autocast_enabled("cuda"),
+    )
+
+
 def grad_mode() -> int:
     """The grad mode calls are recorded in: 0 no grad, 1 grad, 2 inference mode."""
     if torch.is_inference_mode_enabled():

@@ -16,6 +16,7 @@ from ..graph import Signature, TensorMeta
 from ..opbase import named
 from ..ops import OpRule
 from ..ragged import join_family
+from .dispatch import ORIGINAL_TENSOR
 from .semantics import is_random
 from .sites import func_name, user_site
 from .tensor import Lazy
@@ -24,8 +25,6 @@ if TYPE_CHECKING:
     from .recorder import Recorder
 
 Tensor = torch.Tensor
-# torch.tensor, which batch_map replaces while it runs (dispatch.py)
-_TENSOR = torch._C._VariableFunctions.tensor  # pyright: ignore[reportAttributeAccessIssue]
 
 FACTORIES = frozenset(
     getattr(torch, name)
@@ -152,7 +151,7 @@ class SourceMaker:
         # index ("cuda" is "cuda:0", as parameters report it)
         with torch._C.DisableTorchFunction():  # from dispatch.tensor the mode is still on
             meta = TensorMeta.of((), dtype, torch.empty(0, device=device).device)
-        return self._signature(_TENSOR, meta, "scalar"), meta
+        return self._signature(ORIGINAL_TENSOR, meta, "scalar"), meta
 
     def _signature(self, func: Any, meta: TensorMeta, kind: str) -> Signature:
         graph = self.rec.graph

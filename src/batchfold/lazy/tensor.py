@@ -23,6 +23,13 @@ if TYPE_CHECKING:
     from .recorder import Recorder
 
 Tensor = torch.Tensor
+
+
+def _item(value: Any) -> Any:
+    """``.item()`` of a tensor; a number read as one already is its item."""
+    return value.item() if isinstance(value, Tensor) else value
+
+
 _LEAVES = frozenset([int, float, bool, complex, str, bytes, type(None)])
 
 
@@ -127,35 +134,30 @@ class Lazy:
     def _read(self, what: str) -> Tensor:
         return self._rec.read(self, what)
 
-    def _as_tensor(self) -> bool:
-        """Whether a read of this value as a number goes through its tensor, as eager's does:
-        not one 0-d real number (which :meth:`Recorder.read_number` reads without one)."""
-        return bool(self._meta.shape) or self._meta.dtype.is_complex
+    def _number(self, what: str, convert: Callable[[Any], Any]) -> Any:
+        """``convert`` of the value (a sync point). One 0-d real value is read as a number
+        without its tensor (:meth:`Recorder.read_number`); others go through the tensor, as
+        eager's do (one element, or the error eager raises)."""
+        if self._meta.shape or self._meta.dtype.is_complex:
+            return convert(self._read(what))
+        return convert(self._rec.read_number(self, what))
 
     def item(self) -> Any:
         """Compute the value (a sync point) and return it as a Python number."""
-        if self._as_tensor():
-            return self._read("item()").item()  # as eager: one element, or it raises
-        return self._rec.read_number(self, "item()")
+        return self._number("item()", _item)
 
     def tolist(self) -> Any:
         """Compute the value (a sync point) and return it as (nested) Python lists."""
         return self._read("tolist()").tolist()
 
     def __bool__(self) -> bool:
-        if self._as_tensor():
-            return bool(self._read("bool()"))
-        return bool(self._rec.read_number(self, "bool()"))
+        return self._number("bool()", bool)
 
     def __int__(self) -> int:
-        if self._as_tensor():
-            return int(self._read("int()"))
-        return int(self._rec.read_number(self, "int()"))
+        return self._number("int()", int)
 
     def __float__(self) -> float:
-        if self._as_tensor():
-            return float(self._read("float()"))
-        return float(self._rec.read_number(self, "float()"))
+        return self._number("float()", float)
 
     def __index__(self) -> int:
         return self._read("an index").__index__()
