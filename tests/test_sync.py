@@ -180,7 +180,16 @@ def test_grad_mode_set_inside_one_instance_does_not_leak() -> None:
 
 
 @pytest.mark.parametrize(
-    "dtype", [torch.float32, torch.float64, torch.float16, torch.int64, torch.int32, torch.bool]
+    "dtype",
+    [
+        torch.float32,
+        torch.float64,
+        torch.float16,
+        torch.bfloat16,
+        torch.int64,
+        torch.int32,
+        torch.bool,
+    ],
 )
 def test_numbers_read_from_0_d_values_are_eagers(dtype: torch.dtype) -> None:
     """``int()``, ``float()``, ``bool()`` and ``.item()`` of 0-d values read the step's numbers
