@@ -231,3 +231,41 @@ def test_dynamic_oracle_task_lowers_its_loss(tmp_path: Path) -> None:
     model = task.build_model()
     losses = train_steps(task, model, 12)
     assert losses[-1] < 0.7 * losses[0]
+
+
+def test_glove_vectors_start_the_parsers_word_rows(tmp_path: Path, capsys) -> None:
+    glove = tmp_path / "glove.txt"
+    glove.write_text("dog 1 2 3\nthe 4 5 6\n")
+    (tmp_path / "ud").mkdir()
+    task = tiny_task(tmp_path / "ud", "--glove", str(glove), "--word-dim", "3")
+    assert "glove 3d: vectors for" in capsys.readouterr().out
+    model = task.build_model()
+    assert isinstance(model, ArcHybridParser)
+    words = model.vocabs.words
+    assert task.glove_words is not None and task.glove_words["found"] == 2
+    for word, vector in (("dog", [1.0, 2.0, 3.0]), ("the", [4.0, 5.0, 6.0])):
+        got = model.word_embedding.weight[words.lookup(word)]
+        torch.testing.assert_close(got, torch.tensor(vector, dtype=got.dtype))
+    # the root token's extra row keeps its random start; the model trains as before
+    assert model.word_embedding.weight.shape[0] == len(words) + 1
+    losses = train_steps(task, model, 12)
+    assert losses[-1] < 0.7 * losses[0]
+    with pytest.raises(FileNotFoundError, match="--glove none for random vectors"):
+        tiny_task(tmp_path / "ud", "--glove", str(tmp_path / "missing.txt"))
+
+
+def test_tag_dropout_reads_the_unknown_tag_in_training_only() -> None:
+    sentences = random_sentences(6, random.Random(3))
+    model = ArcHybridParser(build_vocabs(sentences), word_dim=3, pos_dim=2, hidden=4, mlp_hidden=5)
+    unknown = model.root_tag + 1
+    dropping = ArcHybridParser(
+        build_vocabs(sentences), word_dim=3, pos_dim=2, hidden=4, mlp_hidden=5, tag_dropout=0.5
+    )
+    random.seed(0)
+    tags = [t for s in sentences for _, t in dropping.token_ids(s)[:-1]]
+    assert 0.2 < tags.count(unknown) / len(tags) < 0.8
+    assert unknown not in [t for s in sentences for _, t in model.token_ids(s)]
+    dropping.eval()  # evaluation reads every tag
+    assert [dropping.token_ids(s) for s in sentences] == [model.token_ids(s) for s in sentences]
+    with pytest.raises(ValueError, match=r"expected tag_dropout in \[0, 1\), found 1.0"):
+        ArcHybridParser(build_vocabs(sentences), tag_dropout=1.0)

@@ -99,10 +99,13 @@ class ArcHybridParser(WordDropoutModel):
         word_counts: the training count of each word id, for word dropout.
         word_dropout: the word dropout strength (see
             :func:`~batchfold.models.bilstm.unk_probabilities`), applied in training mode.
+        tag_dropout: in training mode, the chance that a token's tag is read as the unknown
+            tag, so that the parser learns not to trust tags blindly (predicted tags are
+            wrong at times).
 
     Raises:
-        ValueError: a size is not positive (``pos_dim`` may be 0), or ``word_counts`` does
-            not have one count per word id.
+        ValueError: a size is not positive (``pos_dim`` may be 0), ``word_counts`` does
+            not have one count per word id, or ``tag_dropout`` is not in ``[0, 1)``.
 
     Example:
         >>> from batchfold.data.ud import build_vocabs
@@ -123,7 +126,10 @@ class ArcHybridParser(WordDropoutModel):
         mlp_hidden: int = 100,
         word_counts: Sequence[int] | None = None,
         word_dropout: float = 0.0,
+        tag_dropout: float = 0.0,
     ) -> None:
+        if not 0.0 <= tag_dropout < 1.0:
+            raise ValueError(f"expected tag_dropout in [0, 1), found {tag_dropout}")
         check_sizes(
             {"word_dim": word_dim, "hidden": hidden, "layers": layers, "mlp_hidden": mlp_hidden},
             ("pos_dim", pos_dim, "no tags"),
@@ -133,6 +139,7 @@ class ArcHybridParser(WordDropoutModel):
         self.n_scores = len(Action) + 2 * self.n_labels
         self.root_word = len(vocabs.words)  # an extra row for the root token
         self.root_tag = len(vocabs.upos)  # extra rows: the root token, then unseen tags
+        self.tag_dropout = tag_dropout
         self.word_embedding = nn.Embedding(len(vocabs.words) + 1, word_dim)
         self.pos_embedding = nn.Embedding(len(vocabs.upos) + 2, pos_dim) if pos_dim else None
         self.bilstm = BiLSTM(word_dim + pos_dim, hidden, layers)
@@ -142,7 +149,11 @@ class ArcHybridParser(WordDropoutModel):
 
     def _tag_id(self, tag: str) -> int:
         upos = self.vocabs.upos
-        return upos.index(tag) if tag in upos else self.root_tag + 1
+        if tag not in upos or (
+            self.training and self.tag_dropout and random.random() < self.tag_dropout
+        ):
+            return self.root_tag + 1
+        return upos.index(tag)
 
     def _token_input(self, word_id: int, tag_id: int, device: torch.device) -> list[Tensor]:
         pieces = [self.word_embedding(torch.tensor(word_id, device=device))]

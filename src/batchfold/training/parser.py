@@ -38,11 +38,13 @@ from batchfold.training.predicted_tags import add_predicted_tags_argument, predi
 from batchfold.training.ud import (
     UDSplits,
     UDTask,
+    add_glove_argument,
     add_option,
     add_ud_arguments,
     add_word_dropout_argument,
     describe_splits,
     expect_model,
+    glove_vectors,
     load_splits,
 )
 
@@ -56,13 +58,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser: the parser of ``batchfold train parser``.
     """
     add_ud_arguments(parser)
-    add_option(parser, "--word-dim", type=int, default=100, help="word vector size")
+    add_option(
+        parser,
+        "--word-dim",
+        type=int,
+        default=100,
+        help="word vector size; with GloVe, 50, 100 or 150 (50d and 100d side by side)",
+    )
+    add_glove_argument(parser, "none")
     add_option(parser, "--pos-dim", type=int, default=25, help="UPOS vector size; 0 turns tags off")
     add_predicted_tags_argument(parser)
     add_option(parser, "--hidden", type=int, default=125, help="BiLSTM size per direction")
     add_option(parser, "--layers", type=int, default=2, help="BiLSTM layers")
     add_option(parser, "--mlp-hidden", type=int, default=100, help="MLP hidden layer size")
     add_word_dropout_argument(parser)
+    add_option(
+        parser,
+        "--tag-dropout",
+        type=float,
+        default=0.0,
+        help="chance that a training token's UPOS tag is read as unknown",
+    )
     add_option(
         parser,
         "--oracle",
@@ -91,6 +107,10 @@ class ParserTask(UDTask[ArcHybridParser]):
         layers: the number of BiLSTM layers.
         mlp_hidden: the MLP hidden layer size.
         word_dropout: the word dropout ``alpha``.
+        tag_dropout: the chance that a training token's tag is read as unknown.
+        glove: start the word vectors from the GloVe vectors in this file or folder (``"data"``:
+            the project's data folder), or ``None`` (or ``"none"``) for random ones.
+        seed: the seed of the random vectors of words GloVe lacks.
         oracle: ``"static"`` or ``"dynamic"``.
         explore: with the dynamic oracle, the probability of following a wrong prediction.
         eval_batch: sentences per ``batch_map`` call when evaluating.
@@ -116,6 +136,9 @@ class ParserTask(UDTask[ArcHybridParser]):
         layers: int = 2,
         mlp_hidden: int = 100,
         word_dropout: float = 0.25,
+        tag_dropout: float = 0.0,
+        glove: str | None = None,
+        seed: int = 0,
         oracle: str = "static",
         explore: float = 0.9,
         eval_batch: int = 512,
@@ -141,6 +164,9 @@ class ParserTask(UDTask[ArcHybridParser]):
             "mlp_hidden": mlp_hidden,
         }
         self.word_dropout = word_dropout
+        self.tag_dropout = tag_dropout
+        # how many words GloVe covers, recorded in config.json
+        self.vectors, self.glove_words = glove_vectors(self.vocabs, glove, word_dim, seed)
         self.oracle = oracle
         self.explore = explore
         self.tagger_upos = dict(tagger_upos) if tagger_upos is not None else None
@@ -159,12 +185,17 @@ class ParserTask(UDTask[ArcHybridParser]):
         Returns:
             The model.
         """
-        return ArcHybridParser(
+        model = ArcHybridParser(
             self.vocabs,
             **self.sizes,
             word_counts=self.word_counts,
             word_dropout=self.word_dropout,
+            tag_dropout=self.tag_dropout,
         )
+        if self.vectors is not None:
+            with torch.no_grad():  # the root token's extra row keeps its random start
+                model.word_embedding.weight[: len(self.vectors)].copy_(self.vectors)
+        return model
 
     def summed_loss(
         self, model: ArcHybridParser, batch: Sequence[Sentence], batched: bool
@@ -235,11 +266,16 @@ def make_task(args: argparse.Namespace) -> ParserTask:
         layers=args.layers,
         mlp_hidden=args.mlp_hidden,
         word_dropout=args.word_dropout,
+        tag_dropout=args.tag_dropout,
+        glove=args.glove,
+        seed=args.seed,
         oracle=args.oracle,
         explore=args.explore,
         eval_batch=args.eval_batch_size,
         scheduler=getattr(args, "scheduler", "agenda"),
     )
+    if task.glove_words is not None:
+        args.glove_words = task.glove_words  # recorded in config.json
     predicted = None
     if path is not None:
         predicted = predict_splits(

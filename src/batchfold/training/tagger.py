@@ -22,19 +22,20 @@ import torch
 from torch import Tensor, nn
 
 from batchfold.data.conllu import Sentence
-from batchfold.data.glove import word_vectors
 from batchfold.data.vocab import LabelSet
 from batchfold.models.tagger import BiLSTMTagger, predict_tags, sentence_losses
 from batchfold.schedule import Scheduler
 from batchfold.training.ud import (
     UDSplits,
     UDTask,
+    add_glove_argument,
     add_option,
     add_ud_arguments,
     add_word_dropout_argument,
     batched_predictions,
     describe_splits,
     expect_model,
+    glove_vectors,
     load_splits,
     word_counts,
 )
@@ -70,15 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="word vector size; with GloVe, 50, 100 or 150 (50d and 100d side by side) "
         "(default: %(default)s)",
     )
-    add_option(
-        parser,
-        "--glove",
-        default="data",
-        metavar="PATH",
-        help="start the word vectors from GloVe: a file, a folder, 'data' for the glove-sst "
-        "data folder, or 'none' for random vectors; words without a vector keep the random "
-        "initialisation (default: %(default)s)",
-    )
+    add_glove_argument(parser, "data")
     add_option(
         parser,
         "--char-dim",
@@ -137,18 +130,8 @@ class TaggerTask(UDTask[BiLSTMTagger]):
         self.sizes = {"word_dim": word_dim, "char_dim": char_dim, "hidden": hidden}
         self.layers = layers
         self.word_dropout = word_dropout
-        self.vectors: Tensor | None = None
-        self.glove_words: dict[str, int] | None = None  # how many words GloVe covers
-        if glove is not None and glove.lower() != "none":
-            path = None if glove == "data" else glove
-            try:
-                self.vectors, self.glove_words = word_vectors(
-                    self.vocabs.words, path, word_dim, seed
-                )
-            except FileNotFoundError as err:
-                raise FileNotFoundError(
-                    f"{err} On the command line: --glove PATH, or --glove none for random vectors."
-                ) from err
+        # how many words GloVe covers, recorded in config.json
+        self.vectors, self.glove_words = glove_vectors(self.vocabs, glove, word_dim, seed)
 
     def train_items(self) -> Sequence[Sentence]:
         """The training sentences.

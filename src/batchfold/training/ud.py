@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 import batchfold as bf
 from batchfold.data.conllu import Sentence
+from batchfold.data.glove import word_vectors
 from batchfold.data.ud import Split, UDVocabs, build_vocabs, load_ud
 from batchfold.schedule import Scheduler
 
@@ -133,6 +134,53 @@ def add_word_dropout_argument(parser: argparse.ArgumentParser) -> None:
         default=0.25,
         help="word dropout alpha: a word seen c times becomes <unk> with p = alpha/(alpha+c)",
     )
+
+
+def add_glove_argument(parser: argparse.ArgumentParser, default: str) -> None:
+    """The ``--glove`` option: where the word vectors start from.
+
+    Arguments:
+        parser: the command line parser to extend.
+        default: ``"data"`` (the glove-sst data folder) or ``"none"`` (random vectors).
+    """
+    add_option(
+        parser,
+        "--glove",
+        default=default,
+        metavar="PATH",
+        help="start the word vectors from GloVe: a file, a folder, 'data' for the glove-sst "
+        "data folder, or 'none' for random vectors; words without a vector keep the random "
+        "initialisation (default: %(default)s)",
+    )
+
+
+def glove_vectors(
+    vocabs: UDVocabs, glove: str | None, word_dim: int, seed: int
+) -> tuple[Tensor | None, dict[str, int] | None]:
+    """The GloVe start of a model's word vectors, as ``--glove`` names it.
+
+    Arguments:
+        vocabs: the model's index maps (one vector row per word id).
+        glove: a GloVe file or folder, ``"data"`` for the project's data folder, or ``None``
+            (or ``"none"``) for random vectors.
+        word_dim: the word vector size (50, 100, or 150 for 50d and 100d side by side).
+        seed: the seed of the random vectors of words GloVe lacks.
+
+    Returns:
+        ``(vectors, coverage)``: the ``[len(vocabs.words), word_dim]`` matrix and how many
+        words have a vector, or ``(None, None)`` for random vectors.
+
+    Raises:
+        FileNotFoundError: no GloVe file of that size was found; the message names the option.
+    """
+    if glove is None or glove.lower() == "none":
+        return None, None
+    try:
+        return word_vectors(vocabs.words, None if glove == "data" else glove, word_dim, seed)
+    except FileNotFoundError as err:
+        raise FileNotFoundError(
+            f"{err} On the command line: --glove PATH, or --glove none for random vectors."
+        ) from err
 
 
 def _limit(items: list[T], limit: int | None) -> list[T]:
