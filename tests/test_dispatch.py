@@ -5,6 +5,7 @@ as eager execution, and PyTorch's function back in place afterwards."""
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 import torch
@@ -75,11 +76,19 @@ def test_the_short_path_records_what_pytorchs_path_records(
         calls.append(args[0])
         return short(*args, **kwargs)
 
+    short_loss = dispatch.cross_entropy
+
+    def counted_loss(*args: Any, **kwargs: Any) -> Any:
+        calls.append(dispatch.ORIGINAL_CROSS_ENTROPY)
+        return short_loss(*args, **kwargs)
+
     monkeypatch.setattr(dispatch, "handle", counted)
+    monkeypatch.setattr(dispatch, "cross_entropy", counted_loss)
     torch.manual_seed(1)
     got, got_grads, got_plan = _run(model, items, scheduler)
-    assert F.cross_entropy in calls and F.layer_norm in calls
+    assert dispatch.ORIGINAL_CROSS_ENTROPY in calls and F.layer_norm in calls
     monkeypatch.setattr(dispatch, "handle", dispatch.ORIGINAL)  # PyTorch's own path
+    monkeypatch.setattr(dispatch, "cross_entropy", dispatch.ORIGINAL_CROSS_ENTROPY)
     torch.manual_seed(1)
     want, want_grads, want_plan = _run(model, items, scheduler)
     assert got_plan == want_plan
@@ -104,6 +113,50 @@ def test_pytorchs_function_is_back_after_batch_map_and_after_an_error() -> None:
     for module in (F, torch.functional, torch._tensor):
         assert module.handle_torch_function is torch.overrides.handle_torch_function
     assert torch.tensor is torch._C._VariableFunctions.tensor  # pyright: ignore[reportAttributeAccessIssue]
+    assert F.cross_entropy is dispatch.ORIGINAL_CROSS_ENTROPY
+
+
+_LOSS_OPTIONS = [
+    {},
+    {"reduction": "mean", "ignore_index": -100},  # the defaults, named: batched with {}
+    {"reduction": "sum", "label_smoothing": 0.1},
+    {"ignore_index": 2},
+    {"weight": torch.tensor([0.5, 1.0, 2.0, 1.5], dtype=torch.float64)},
+]
+
+
+def _losses(w: torch.Tensor, x: torch.Tensor, label: int) -> list[torch.Tensor]:
+    logits = torch.as_tensor(x) @ w  # a per-instance value
+    target = torch.tensor(label)
+    return [F.cross_entropy(logits, target, **options) for options in _LOSS_OPTIONS] + [
+        F.cross_entropy(logits[None], target[None]),  # a batch of one row
+        F.cross_entropy(logits, w[0].softmax(-1)),  # class probabilities as the target
+        F.cross_entropy(input=logits, target=target),  # the defaults, by keyword
+        nn.CrossEntropyLoss(reduction="sum")(logits, target),
+    ]
+
+
+@pytest.mark.parametrize("scheduler", ["agenda", "depth"])
+def test_cross_entropys_short_path_gives_eagers_values_and_gradients(scheduler: Scheduler) -> None:
+    torch.manual_seed(0)
+    w = torch.randn(5, 4, dtype=torch.float64, requires_grad=True)
+    items = [(torch.randn(5, dtype=torch.float64), i % 4) for i in range(7)]
+    got, stats = bf.batch_map(
+        lambda item: _losses(w, *item), items, scheduler=scheduler, return_stats=True
+    )
+    eager = [_losses(w, *item) for item in items]
+    flat_got = [loss for losses in got for loss in losses]
+    flat_eager = [loss for losses in eager for loss in losses]
+    for g, e in zip(flat_got, flat_eager, strict=True):
+        torch.testing.assert_close(g, e, equal_nan=True)  # ignore_index 2: nan, as eagerly
+    finite = [i for i, e in enumerate(flat_eager) if e.isfinite()]
+    grad = torch.autograd.grad(torch.stack([flat_got[i] for i in finite]).sum(), w)
+    want = torch.autograd.grad(torch.stack([flat_eager[i] for i in finite]).sum(), w)
+    torch.testing.assert_close(grad, want)
+    assert stats.plan is not None
+    # the defaults named or left out are one signature: one step of 3 losses per instance
+    names = [(s.sig.name, len(s.nodes)) for s in stats.plan.steps]
+    assert ("cross_entropy", 3 * len(items)) in names
 
 
 def _numbers(w: torch.Tensor, i: int) -> torch.Tensor:

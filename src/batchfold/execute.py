@@ -84,13 +84,12 @@ class Executor:
         result: list[Tensor | None] = [None] * len(vids)
         for group, tensor, offsets, rows in self._by_output(np.asarray(vids, dtype=np.int64)):
             if offsets is None:
-                index = torch.from_numpy(rows).to(tensor.device)
-                pieces = tensor.index_select(0, index).unbind(0)
+                pieces = self._in_order(tensor, rows).unbind(0)
             else:
                 starts, ends = offsets[rows], offsets[rows + 1]
                 index = torch.from_numpy(expand_rows(starts, ends - starts)).to(tensor.device)
                 pieces = tensor.index_select(0, index).split((ends - starts).tolist())
-            for position, value in zip(group, pieces, strict=True):
+            for position, value in zip(group.tolist(), pieces, strict=True):
                 result[position] = value
         return result  # type: ignore[return-value]
 
@@ -104,10 +103,7 @@ class Executor:
             if offsets is not None:  # rows of different lengths: no one stacked tensor
                 raise ValueError("Executor.rows reads values of one shape; these are packed")
             order.append(group)
-            if rows[-1] - rows[0] == len(rows) - 1 and np.all(np.diff(rows) == 1):
-                parts.append(tensor[int(rows[0]) : int(rows[-1]) + 1])
-            else:
-                parts.append(tensor.index_select(0, torch.from_numpy(rows).to(tensor.device)))
+            parts.append(self._in_order(tensor, rows))
         stacked = parts[0] if len(parts) == 1 else torch.cat(parts)
         placed = np.concatenate(order)
         if np.all(np.diff(placed) == 1):
@@ -115,6 +111,14 @@ class Executor:
         inverse = np.empty_like(placed)
         inverse[placed] = np.arange(len(placed))
         return stacked.index_select(0, torch.from_numpy(inverse).to(stacked.device))
+
+    @staticmethod
+    def _in_order(tensor: Tensor, rows: np.ndarray) -> Tensor:
+        """Rows of a step output in the order given: a slice when they are consecutive (no
+        copy, and no scatter in the backward pass), else one gather."""
+        if rows[-1] - rows[0] == len(rows) - 1 and np.all(np.diff(rows) == 1):
+            return tensor[int(rows[0]) : int(rows[-1]) + 1]
+        return tensor.index_select(0, torch.from_numpy(rows).to(tensor.device))
 
     def _by_output(
         self, ids: np.ndarray

@@ -162,6 +162,7 @@ def _one_sample(
     named = dict(zip(_CROSS_ENTROPY_PARAMS, args, strict=False)) | kwargs
     return (
         type(named.get("input")) is Slot
+        and type(named.get("target")) is Slot  # a shared target: the fallback
         and len(metas[0].shape) == 1
         and named.get("weight") is None
         and named.get("size_average") is None

@@ -14,6 +14,11 @@ path.
 third of the calls of a per-node Tree-LSTM) is a C++ function that reaches the mode through
 PyTorch's C++ dispatch; :func:`tensor` stands in for it in the ``torch`` namespace and takes
 such a call straight to the recorder's source maker, as the mode would.
+
+``F.cross_entropy`` (the per-node loss of tree and sequence models) spends as long in its own
+Python prologue as in recording; :func:`cross_entropy` stands in for it in
+``torch.nn.functional`` and hands the recorder exactly the call ``F.cross_entropy`` would hand
+the mode.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from .tensor import Lazy
 
 ORIGINAL = torch.overrides.handle_torch_function
 ORIGINAL_TENSOR = torch._C._VariableFunctions.tensor  # pyright: ignore[reportAttributeAccessIssue]
+ORIGINAL_CROSS_ENTROPY: Any = torch.nn.functional.cross_entropy
 _MODULES = (torch.nn.functional, torch.functional, torch._tensor)
 _stack_len = torch._C._len_torch_function_stack
 _stack_at = torch._C._get_function_stack_at
@@ -65,15 +71,57 @@ def tensor(data: Any, *args: Any, **kwargs: Any) -> Any:
     if type(data) in _NUMBERS and not args and _mode_active() and _stack_len() == 1:
         rec = active_recorder()
         if rec is not None and not rec.closed and _stack_at(0) is rec:
-            lazy = rec.sources.number((data,), kwargs)
+            lazy = rec.sources.scalar(data, kwargs)
             if lazy is not None:
                 return lazy
     return ORIGINAL_TENSOR(data, *args, **kwargs)
 
 
+def cross_entropy(
+    input: Any,
+    target: Any,
+    weight: Any = None,
+    size_average: Any = None,
+    ignore_index: int = -100,
+    reduce: Any = None,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+) -> Any:
+    """``F.cross_entropy`` with a fast path for lazy logits inside this thread's recorder."""
+    if type(input) is Lazy and _stack_len() == 1:
+        rec = active_recorder()
+        if rec is not None and _stack_at(0) is rec:
+            kwargs = {}  # the defaults, left out: the recorder keys them in one go
+            if not (
+                weight is None
+                and size_average is None
+                and ignore_index == -100
+                and reduce is None
+                and reduction == "mean"
+                and label_smoothing == 0.0
+            ):
+                kwargs = {
+                    "weight": weight,
+                    "size_average": size_average,
+                    "ignore_index": ignore_index,
+                    "reduce": reduce,
+                    "reduction": reduction,
+                    "label_smoothing": label_smoothing,
+                }  # as F.cross_entropy hands them to the mode
+            _pop()
+            try:
+                return rec.__torch_function__(ORIGINAL_CROSS_ENTROPY, (), (input, target), kwargs)
+            finally:
+                _push(rec)
+    return ORIGINAL_CROSS_ENTROPY(
+        input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing
+    )
+
+
 def patch(on: bool) -> None:
     """Put :func:`handle` in place of PyTorch's (``on``), or PyTorch's back; the same for
-    :func:`tensor` and ``torch.tensor``."""
+    :func:`tensor` and ``torch.tensor``, and :func:`cross_entropy` and ``F.cross_entropy``."""
     for module in _MODULES:
         module.handle_torch_function = handle if on else ORIGINAL  # type: ignore[attr-defined]
     torch.tensor = tensor if on else ORIGINAL_TENSOR  # type: ignore[assignment]
+    torch.nn.functional.cross_entropy = cross_entropy if on else ORIGINAL_CROSS_ENTROPY

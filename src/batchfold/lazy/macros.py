@@ -44,6 +44,7 @@ _INSTALLED = [0]
 _LOCK = threading.Lock()
 _OFF = "_batchfold_no_cache"
 MISSED = object()  # ModuleCache.hit found no confirmed entry
+_IDENTITY = nn.Identity
 _grad_enabled = torch.is_grad_enabled
 _inference_mode = torch.is_inference_mode_enabled
 
@@ -67,6 +68,7 @@ class _Entry:
         "order",
         "outs",
         "flat",
+        "single",
         "ragged",
         "length",
         "guards",
@@ -83,6 +85,7 @@ class _Entry:
         self.order: list[int] | None = None  # one op: which call inputs it reads, in order
         self.outs: list[int] = []  # which of the node's outputs the call returns
         self.flat: bool | None = None  # whether it returns a flat tuple, ``(h, c)``
+        self.single: int | None = None  # the output it returns, when it returns one tensor
         # a call on ragged inputs: its first trace, that trace's length and guards, and once
         # a trace of another length agrees, the macro that records its calls
         self.ragged: RaggedTemplate | None = None
@@ -124,11 +127,11 @@ class ModuleCache:
             if type(a) is not Lazy or a._rec is not rec:
                 return MISSED
             meta = a._meta
-            if ragged:
+            if ragged and not sequences:
                 seq = _SEQUENCE.get(meta)
                 if seq is None:
                     seq = _SEQUENCE[meta] = _is_sequence(meta)
-                sequences = sequences or seq
+                sequences = seq
             metas.append(meta)
             inputs.append(a._vid)
         mode = 2 if _inference_mode() else 1 if _grad_enabled() else 0  # grad_mode(), inline
@@ -138,12 +141,26 @@ class ModuleCache:
                 return MISSED if found is None else found
         # the key :meth:`call` makes: ``args_key`` gives a lazy argument's meta
         entry = self.entries.get((id(module), module.training, mode, tuple(metas)))
-        if entry is None or not entry.confirmed or own_hooks(module):
+        if (
+            entry is None
+            or not entry.confirmed
+            or module._forward_hooks  # own_hooks(module), inline
+            or module._forward_pre_hooks
+            or module._backward_hooks
+            or module._backward_pre_hooks
+        ):
             return MISSED
         self.hits += 1
-        if entry.sig is None:
+        sig = entry.sig
+        if sig is None:
             return _arguments(entry, args, {})
-        return self._add(entry, inputs)
+        if entry.order is not None:
+            inputs = [inputs[i] for i in entry.order]
+        first = rec.graph.add(sig, inputs, rec.instance)
+        single = entry.single
+        if single is not None:  # one output: the common call
+            return Lazy(rec, first + single, sig.out_metas[single])
+        return self._outputs(entry, first)
 
     def call(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """``module(*args, **kwargs)`` inside ``batch_map``: a macro node, or traced op by op."""
@@ -169,7 +186,7 @@ class ModuleCache:
                 entry.template, entry.confirmed = template, True
                 name = type(module).__name__
                 entry.sig = self._signature(name, module, args, kwargs, template)
-                entry.outs = list(range(len(earlier.outputs)))
+                _set_outs(entry, list(range(len(earlier.outputs))))
         if entry.confirmed and not own_hooks(module):
             self.hits += 1
             if entry.sig is None:  # hands back some of its arguments, records nothing
@@ -252,10 +269,10 @@ class ModuleCache:
                 order = [r[1] for r in refs]
                 entry.sig = op
                 entry.order = None if order == list(range(len(inputs))) else order
-                entry.outs = [o for _, _, o in found.outputs]
+                _set_outs(entry, [o for _, _, o in found.outputs])
             else:
                 entry.sig = self._signature(name, module, args, kwargs, found)
-                entry.outs = list(range(len(found.outputs)))
+                _set_outs(entry, list(range(len(found.outputs))))
                 keep(key, module, found.ops, entry.sig.shared, entry.read, found)
         else:
             entry.reason = "records different ops on calls with the same arguments"
@@ -288,20 +305,35 @@ class ModuleCache:
         return sig
 
     def _add(self, entry: _Entry, inputs: list[int]) -> Any:
-        rec, sig, template = self.rec, entry.sig, entry.template
-        assert sig is not None and template is not None
+        rec, sig = self.rec, entry.sig
+        assert sig is not None
         if entry.order is not None:
             inputs = [inputs[i] for i in entry.order]
         first = rec.graph.add(sig, inputs, rec.instance)
+        single = entry.single
+        if single is not None:
+            return Lazy(rec, first + single, sig.out_metas[single])
+        return self._outputs(entry, first)
+
+    def _outputs(self, entry: _Entry, first: int) -> Any:
+        """The lazy outputs of a cached call recorded as the node whose first value is
+        ``first``, in the structure the call returns."""
+        rec, sig, template = self.rec, entry.sig, entry.template
+        assert sig is not None and template is not None
         metas = sig.out_metas
-        structure = template.structure
-        if structure is None:
-            return Lazy(rec, first + entry.outs[0], metas[entry.outs[0]])
         outs = [Lazy(rec, first + o, metas[o]) for o in entry.outs]
         flat = entry.flat
         if flat is None:
-            flat = entry.flat = structure == (tuple, (None,) * len(outs))
-        return tuple(outs) if flat else build(structure, outs)
+            flat = entry.flat = template.structure == (tuple, (None,) * len(outs))
+        return tuple(outs) if flat else build(template.structure, outs)
+
+
+def _set_outs(entry: _Entry, outs: list[int]) -> None:
+    """Which of the node's outputs a confirmed call returns, and the one when it returns one
+    tensor (the fast path of :meth:`ModuleCache.hit`)."""
+    assert entry.template is not None
+    entry.outs = outs
+    entry.single = outs[0] if entry.template.structure is None else None
 
 
 def _arguments(entry: _Entry, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -349,23 +381,24 @@ def _any_sequence(items: Any) -> bool:
     return False
 
 
-def _global_hooks() -> bool:
-    """Whether hooks for every module are registered (``register_module_forward_hook``)."""
-    m = _TORCH_MODULE
-    return bool(
-        m._global_forward_hooks
-        or m._global_forward_pre_hooks
-        or m._global_backward_hooks
-        or m._global_backward_pre_hooks
-    )
+# the hooks registered for every module (``register_module_forward_hook``): dicts PyTorch
+# changes in place and never replaces, read on every call
+_GLOBAL_HOOKS = (
+    _TORCH_MODULE._global_forward_hooks,
+    _TORCH_MODULE._global_forward_pre_hooks,
+    _TORCH_MODULE._global_backward_hooks,
+    _TORCH_MODULE._global_backward_pre_hooks,
+)
 
 
 def _module_call(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
     active = getattr(THREAD, "active", None)  # active_recorder(), inline
     rec = active[-1] if active else None
-    if rec is None or rec.modules is None or rec.trace is not None or _global_hooks():
+    if rec is None or rec.modules is None or rec.trace is not None or any(_GLOBAL_HOOKS):
         return ORIGINAL_CALL(module, *args, **kwargs)  # global hooks run on every call: op by op
     if args and not kwargs:
+        if type(module) is _IDENTITY and not own_hooks(module):
+            return args[0]  # nn.Identity(x), the usual stand-in for dropout 0: as it returns
         found = rec.modules.hit(module, args)
         if found is not MISSED:
             return found

@@ -351,11 +351,10 @@ class Recorder(InPlaceWrites, SignatureMaker, TorchFunctionMode):
         Values are gathered with one ``index_select`` per step output and then unbound, so
         returning many values stays cheap in the backward pass too.
         """
-        lazies: list[Lazy] = []
-        map_lazies(lambda x: lazies.append(x), result)
-        if not lazies:
+        vids: list[int] = []
+        map_lazies(lambda x: vids.append(x._vid), result)
+        if not vids:
             return result
         with torch.enable_grad():  # as in flush: a value keeps the history it was made with
-            values = self.store.values([x._vid for x in lazies])
-        tensors = dict(zip(map(id, lazies), values, strict=True))
-        return map_lazies(lambda x: tensors[id(x)], result)
+            values = iter(self.store.values(vids))
+        return map_lazies(lambda _: next(values), result)  # the same walk, in the same order

@@ -127,7 +127,11 @@ class SourceMaker:
         """
         if len(args) != 1 or type(args[0]) not in _SCALAR_DTYPES:
             return None
-        rec, value = self.rec, args[0]
+        return self.scalar(args[0], kwargs)
+
+    def scalar(self, value: Any, kwargs: dict[str, Any]) -> Lazy | None:
+        """:meth:`number` of a Python ``int``, ``float`` or ``bool`` ``value``."""
+        rec = self.rec
         dtype = device = None
         if kwargs:
             if not _NUMBER_KEYWORDS.issuperset(kwargs):
