@@ -110,6 +110,10 @@ class Recorder(InPlaceWrites, SignatureMaker, TorchFunctionMode):
 
         A call with no lazy argument runs at once (factories make per-instance constants).
         """
+        if not kwargs and self.trace is None and not self.closed:
+            known = self._known(func, args)
+            if known is not None:
+                return known
         if self.closed:
             raise LazyValueError(LAZY_AFTER_RUN.format(what=f"{func_name(func)}()"))
         if self.trace is not None and self.trace.lengths is not None:  # a ragged call's trace
@@ -163,6 +167,23 @@ class Recorder(InPlaceWrites, SignatureMaker, TorchFunctionMode):
         if sig.id in graph.views:
             self._mark_views(outs, args[0])
         return tuple(outs) if sig.multi is tuple else sig.multi(outs)
+
+    def _known(self, func: Any, args: tuple[Any, ...]) -> Lazy | None:
+        """The common call on a fast path: lazy positional arguments only, and a signature of
+        one output (not a view) made for it already. Its lazy output, or ``None``: then the
+        general path, which makes the same key."""
+        metas, inputs = [], []
+        for a in args:
+            if type(a) is not Lazy or a._rec is not self:
+                return None
+            metas.append(a._meta)
+            inputs.append(a._vid)
+        mode = 2 if _inference_mode() else 1 if _grad_enabled() else 0  # grad_mode(), inline
+        graph = self.graph
+        sig = graph.lookup((func, tuple(metas), mode))
+        if not inputs or sig is None or sig.multi is not None or sig.id in graph.views:
+            return None
+        return Lazy(self, graph.add(sig, inputs, self.instance), sig.out_metas[0])
 
     def args_key(self, args: tuple[Any, ...], inputs: list[int]) -> tuple[Any, ...]:
         """The key of positional arguments (see :meth:`_key`), flat ones without recursion."""
