@@ -351,3 +351,24 @@ def test_modules_returning_their_input_or_a_view_of_it() -> None:
         return u
 
     assert_matches_eager(aliased, [[1.0, 2.0, 3.0, 4.0]] * 4)  # type: ignore[arg-type]
+
+
+def test_identity_hands_back_its_input_and_its_hooks_still_run() -> None:
+    identity = nn.Identity()
+    lin = nn.Linear(3, 3).double()
+
+    def fn(x: torch.Tensor) -> Any:
+        h = identity(lin(torch.as_tensor(x)))
+        return identity(h) * 2, identity(input=h) + 1  # by keyword: PyTorch's way
+
+    items = [torch.randn(3, dtype=torch.float64) for _ in range(4)]
+    assert_matches_eager(fn, items)
+    with pytest.raises(TypeError, match="positional arguments"):  # as eagerly
+        bf.batch_map(lambda x: identity(torch.as_tensor(x), 1), items)
+    seen: list[tuple[int, ...]] = []
+    handle = identity.register_forward_hook(lambda m, args, out: seen.append(tuple(out.shape)))
+    try:
+        assert_matches_eager(lambda x: identity(lin(torch.as_tensor(x))) * 3, items)
+    finally:
+        handle.remove()
+    assert seen and all(shape == (3,) for shape in seen)

@@ -397,7 +397,7 @@ def _module_call(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
     if rec is None or rec.modules is None or rec.trace is not None or any(_GLOBAL_HOOKS):
         return ORIGINAL_CALL(module, *args, **kwargs)  # global hooks run on every call: op by op
     if args and not kwargs:
-        if type(module) is _IDENTITY and not own_hooks(module):
+        if type(module) is _IDENTITY and len(args) == 1 and not own_hooks(module):
             return args[0]  # nn.Identity(x), the usual stand-in for dropout 0: as it returns
         found = rec.modules.hit(module, args)
         if found is not MISSED:
