@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from functools import partial
 from pathlib import Path
@@ -25,6 +26,7 @@ from batchfold.models.parser import (
     transition_loss,
 )
 from batchfold.models.transitions import Action, ArcHybrid, oracle_transitions
+from batchfold.training.arguments import DEFAULT_LR
 from batchfold.training.parser import ParserTask, make_task
 from batchfold.training.tagger import UDSplits
 from reference import assert_matches_eager
@@ -188,7 +190,8 @@ def tiny_task(folder: Path, *options: str) -> ParserTask:
     write_treebank(folder, train, train[:5], train)
     args = build_parser("train", "parser").parse_args(
         ["--data", str(folder), "--word-dim", "6", "--pos-dim", "3", "--hidden", "10"]
-        + ["--mlp-hidden", "20", "--word-dropout", "0", "--eval-batch", "2", *options]
+        + ["--mlp-hidden", "20", "--word-dropout", "0", "--eval-batch", "2", "--glove", "none"]
+        + ["--tag-dropout", "0", *options]
     )
     return make_task(args)
 
@@ -269,3 +272,19 @@ def test_tag_dropout_reads_the_unknown_tag_in_training_only() -> None:
     assert [dropping.token_ids(s) for s in sentences] == [model.token_ids(s) for s in sentences]
     with pytest.raises(ValueError, match=r"expected tag_dropout in \[0, 1\), found 1.0"):
         ArcHybridParser(build_vocabs(sentences), tag_dropout=1.0)
+
+
+def test_the_defaults_are_the_settings_of_the_committed_best_run() -> None:
+    """``batchfold train parser`` with no options trains results/parser-glove-tagdrop-seed0's
+    model (that run also named a tagger for dev and test: ``--predicted-tags``)."""
+    committed = Path(__file__).resolve().parents[2] / "results/parser-glove-tagdrop-seed0"
+    config = json.loads((committed / "config.json").read_text())
+    args = vars(build_parser("train", "parser").parse_args([]))
+    # where it ran, how it reported and which tagger scored it; the rest is the model and
+    # its training
+    for name in ("out", "threads", "progress", "glove_words", "task"):
+        config.pop(name)
+    for name in ("predicted_tags", "predicted_tags_upos"):
+        assert config.pop(name)
+    assert args["lr"] is None and DEFAULT_LR[args["optimizer"]] == config.pop("lr")  # resolved
+    assert {name: args[name] for name in config} == config

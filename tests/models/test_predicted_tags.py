@@ -98,7 +98,8 @@ def direct_accuracy(run: TaggerRun, sentences: list[Sentence]) -> float:
 def parser_argv(run: TaggerRun, *options: str) -> list[str]:
     return [
         *("--data", str(run.data), "--word-dim", "4", "--pos-dim", "3", "--hidden", "4"),
-        *("--mlp-hidden", "5", "--eval-batch-size", "2", *options),
+        *("--mlp-hidden", "5", "--eval-batch-size", "2", "--glove", "none", "--tag-dropout", "0"),
+        *("--lr-schedule", "constant", *options),  # resumed with more epochs below
     ]
 
 
