@@ -143,8 +143,10 @@ def checkpoint_arguments(
     Returns:
         The parsed options, ready for the task module's ``make_task``.
     """
+    from batchfold.training.run_folder import as_saved  # the training package loads late
+
     parser = build_parser("eval", task)
-    saved = {key: value for key, value in config.items() if key not in _RUNTIME}
+    saved = {key: value for key, value in as_saved(config).items() if key not in _RUNTIME}
     return parser.parse_args(options, namespace=argparse.Namespace(**saved))
 
 

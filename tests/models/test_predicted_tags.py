@@ -164,17 +164,27 @@ def test_train_records_the_tagger_accuracy_and_eval_and_resume_use_it(
     assert cli.main([*argv, "--epochs", "2", "--resume"]) == 0
 
 
-def test_runs_from_before_the_option_still_resume(tagger_run: TaggerRun, tmp_path: Path) -> None:
+def test_runs_from_before_the_option_still_resume(
+    tagger_run: TaggerRun, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "parser"
     argv = ["train", "parser", *parser_argv(tagger_run, "--compare-batches", "0", "--no-progress")]
     argv += ["--out", str(out)]
     assert cli.main([*argv, "--epochs", "1"]) == 0
-    state = load_checkpoint(out / "last.pt")
-    del state["config"]["predicted_tags"]  # as an earlier batchfold saved it
-    save_checkpoint(out / "last.pt", state)
+    for name in ("last.pt", "best.pt"):  # as an earlier batchfold saved them
+        state = load_checkpoint(out / name)
+        for option in ("predicted_tags", "glove", "tag_dropout"):
+            del state["config"][option]
+        save_checkpoint(out / name, state)
     assert cli.main([*argv, "--epochs", "2", "--resume"]) == 0
     test = json.loads((out / "test.json").read_text())["test"]
     assert set(test) == {"test_uas", "test_las"}  # gold tags: no tagger accuracy
+    # the options it lacks are read as what it ran with: random vectors, no tag dropout
+    capsys.readouterr()
+    assert cli.main([*argv, "--epochs", "3", "--resume", "--tag-dropout", "0.2"]) != 0
+    assert "(tag_dropout: 0.0 -> 0.2)" in capsys.readouterr().err
+    assert cli.main(["eval", "parser", "--checkpoint", str(out / "best.pt")]) == 0
+    assert "glove" not in capsys.readouterr().out  # no GloVe file read for it
 
 
 def _rewritten_tagger(run: TaggerRun, folder: Path, **config: object) -> Path:

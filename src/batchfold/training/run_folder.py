@@ -41,6 +41,27 @@ _ADDED_LATER = {
     "min_lr_scale": 0.0,
     "weight_decay": 0.0,
 }
+# options a task gained after runs were saved, with what those runs did: random word vectors
+# and no tag dropout
+_ADDED_LATER_BY_TASK = {
+    "tagger": {"glove": "none"},
+    "parser": {"glove": "none", "tag_dropout": 0.0},
+}
+
+
+def as_saved(config: dict[str, Any]) -> dict[str, Any]:
+    """A saved run's options, with the value it ran with for each option added since.
+
+    Arguments:
+        config: the ``config`` of a checkpoint or ``config.json``.
+
+    Returns:
+        ``config`` with the options it lacks that were added later, at the values that give
+        what the run did.
+    """
+    task = config.get("task")
+    later = _ADDED_LATER_BY_TASK.get(task, {}) if isinstance(task, str) else {}
+    return {**_ADDED_LATER, **later, **config}
 
 
 def prepare_out(out: str | os.PathLike[str]) -> Path:
@@ -99,7 +120,7 @@ def check_resume_config(saved: dict[str, Any], now: dict[str, Any], file: Path) 
     Raises:
         ConfigError: an option changed; the message lists each with both values.
     """
-    saved = {**_ADDED_LATER, **saved}
+    saved = as_saved(saved)
     free = (
         _FREE_ON_RESUME - {"epochs"}
         if now.get("lr_schedule", "constant") != "constant"
