@@ -17,6 +17,7 @@ import batchfold as bf
 from batchfold.lazy import dispatch
 from batchfold.lazy.kept import forget
 from batchfold.schedule import Scheduler
+from reference import assert_matches_eager
 
 
 class Head(nn.Module):
@@ -235,3 +236,42 @@ def test_a_mode_of_the_users_inside_batch_map_still_sees_the_calls() -> None:
     got = bf.batch_map(fn, [torch.tensor([-1.0, 2.0]), torch.tensor([3.0, -4.0])])
     assert F.relu in seen
     torch.testing.assert_close(got[1], torch.tensor([6.0, 0.0]))
+
+
+def _repeated_calls(x: torch.Tensor) -> Any:
+    """Calls of lazy positional arguments only, made again and again: after the first, each
+    takes the recorder's short path for calls whose signature exists."""
+    a = torch.as_tensor(x) * 1
+    b = a * 2
+    c = torch.sin(a) + b  # short path once its signature exists
+    with torch.no_grad():
+        d = torch.sin(a) + b  # the same ops in another grad mode: their own signatures
+    c.mul_(b)  # in place, of lazy arguments only
+    e = torch.mul(c, torch.sigmoid(d))
+    return e, d, a
+
+
+def test_the_short_path_for_known_calls_keeps_grad_modes_views_and_writes() -> None:
+    torch.manual_seed(0)
+    items = [torch.randn(4, dtype=torch.float64, requires_grad=True) for _ in range(5)]
+    assert_matches_eager(_repeated_calls, items)
+    got = bf.batch_map(_repeated_calls, items)
+    assert all(e.requires_grad and not d.requires_grad for e, d, _ in got)  # as eagerly
+
+    def through_a_view(item: tuple[torch.Tensor, bool]) -> torch.Tensor:
+        a = torch.as_tensor(item[0]) * 1
+        view = a.view_as(a)  # a view: never on the short path, so marked in every instance
+        if item[1]:
+            view.add_(a)  # only after the first instance made the view's signature
+        return a
+
+    with pytest.raises(bf.UnsupportedOpError, match="writes into a view"):
+        bf.batch_map(through_a_view, [(x, i > 0) for i, x in enumerate(items)])
+
+
+def test_random_ops_on_the_short_path_draw_per_instance() -> None:
+    p = [torch.full((64,), 0.5, dtype=torch.float64) for _ in range(6)]
+    draws = bf.batch_map(lambda q: torch.bernoulli(torch.as_tensor(q)), p)
+    # the same signature for every instance after the first: one step, fresh draws per row
+    assert len({tuple(d.tolist()) for d in draws}) == len(p)
+    assert all(set(d.tolist()) <= {0.0, 1.0} for d in draws)
