@@ -108,6 +108,12 @@ OPS: dict[str, Op] = {
     "T-property": lambda x: x.T,
     "permute": lambda x: x[None].permute(2, 0, 1),
     "cross_entropy": lambda x: F.cross_entropy(x, torch.tensor([0, 2, 1, 1])),
+    "cross_entropy-rows-ignored-sum": lambda x: F.cross_entropy(
+        x, torch.tensor([0, -100, 2, 1]), reduction="sum"
+    ),
+    "cross_entropy-rows-ignored-mean": lambda x: F.cross_entropy(
+        x[1:], torch.tensor([2, 0, 2]), ignore_index=2
+    ),
     "cross_entropy-one-sample": lambda x: F.cross_entropy(x[1], torch.tensor(2)),
     "cross_entropy-sum-smoothing": lambda x: F.cross_entropy(
         x[0], torch.tensor(1), reduction="sum", label_smoothing=0.1
@@ -153,6 +159,28 @@ def test_one_sample_cross_entropy_is_batched_and_nan_when_ignored_under_mean() -
     assert stats.fallbacks == {}
     assert out[1].isnan() and not out[0].isnan()
     torch.testing.assert_close(out[2], fn(2))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_cross_entropy_over_rows_is_batched_without_vmap(reduction: str) -> None:
+    """Per-instance logits ``[N, C]`` of equal shapes: one batched call, eager's values and
+    gradients; rows all ignored give nan under ``"mean"`` and 0 under ``"sum"``, as eagerly."""
+    w = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    targets = [[0, 3, -100], [-100, -100, -100], [1, 1, 2], [3, -100, 0]]
+
+    def fn(target: list[int]) -> torch.Tensor:
+        logits = torch.tensor([[0.5, 1.0, -1.0]] * 3, dtype=torch.float64) * (1 + len(target))
+        return F.cross_entropy(logits.cumsum(0) @ w, torch.tensor(target), reduction=reduction)
+
+    out, stats = bf.batch_map(fn, targets, return_stats=True)
+    eager = [fn(t) for t in targets]
+    assert stats.fallbacks == {}
+    torch.testing.assert_close(torch.stack(out), torch.stack(eager), equal_nan=True)
+    assert out[1].isnan() == (reduction == "mean")
+    kept = [0, 2, 3]
+    got = torch.autograd.grad(torch.stack([out[i] for i in kept]).sum(), w)
+    want = torch.autograd.grad(torch.stack([eager[i] for i in kept]).sum(), w)
+    torch.testing.assert_close(got, want)
 
 
 # One op per rule family: the function it calls (its row of RULES) and per-instance code that

@@ -55,6 +55,14 @@ CASES: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], bool]] = {
         lambda x: torch.cat([_h(x), _h(x)[:, :1]], -1).unsqueeze(1).transpose(1, 2)[..., 0],
         False,
     ),
+    "unflatten and flatten away from the rows": (
+        lambda x: (
+            torch.cat([_h(x), 2 * _h(x)], -1).unflatten(-1, (2, -1)).sum(1)
+            + torch.flatten(_h(x).unsqueeze(-1), 1)
+            + _h(x).unsqueeze(1).flatten(start_dim=-2)
+        ),
+        False,
+    ),
     "an op without a ragged rule between": (lambda x: _h(x).flip(0).cumsum(0) * _h(x), False),
     "recurrent layers on whole sequences": (
         lambda x: lstm(_h(x))[0].sum(0) + gru(_h(x))[1].sum() + lstm(_h(x))[1][1].sum(),

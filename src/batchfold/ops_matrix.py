@@ -139,6 +139,8 @@ def batched_cross_entropy(sig: Signature, inputs: list[Tensor], n: int) -> Any:
     """One sample per instance: ``reduction="none"`` over the batch gives each instance's loss.
 
     An ignored target gives 0 under ``"sum"`` and 0/0 = nan under ``"mean"``, as eagerly.
+    Rows per instance (logits ``[N, C]``, classes ``[N]``): each row's loss, then their sum
+    (or their mean over the rows not ignored) per instance.
     """
     args, kwargs = sig.template
     full = dict(zip(_CROSS_ENTROPY_PARAMS, fill(args, inputs), strict=False))
@@ -146,6 +148,14 @@ def batched_cross_entropy(sig: Signature, inputs: list[Tensor], n: int) -> Any:
     logits, target = full["input"], full["target"]
     ignore = full.get("ignore_index", -100)
     smoothing = full.get("label_smoothing", 0.0)
+    if logits.dim() == 3:  # [n, N, C]: the class dim second, as cross_entropy wants it
+        rows = F.cross_entropy(
+            logits.transpose(1, 2), target, reduction="none", ignore_index=ignore
+        )
+        total = rows.sum(1)
+        if full.get("reduction", "mean") == "mean":
+            total = total / (target != ignore).sum(1)
+        return total
     loss = F.cross_entropy(
         logits, target, reduction="none", ignore_index=ignore, label_smoothing=smoothing
     )
@@ -163,12 +173,20 @@ def _one_sample(
     return (
         type(named.get("input")) is Slot
         and type(named.get("target")) is Slot  # a shared target: the fallback
-        and len(metas[0].shape) == 1
+        and (len(metas[0].shape) == 1 or _rows_of_classes(named, metas))
         and named.get("weight") is None
         and named.get("size_average") is None
         and named.get("reduce") is None
         and named.get("reduction", "mean") in ("mean", "sum")
     )
+
+
+def _rows_of_classes(named: dict[str, Any], metas: tuple[TensorMeta, ...]) -> bool:
+    """Logits ``[N, C]`` with ``[N]`` class indices, without label smoothing."""
+    if len(metas) != 2 or len(metas[0].shape) != 2 or named.get("label_smoothing", 0.0) != 0.0:
+        return False
+    logits, target = metas  # the slots in argument order: input, then target
+    return target.dtype == torch.int64 and target.shape == logits.shape[:1]
 
 
 RULES[F.cross_entropy] = OpRule("cross-entropy", batched_cross_entropy, applies=_one_sample)

@@ -33,6 +33,8 @@ _REDUCE = {f: f.__name__ for f in named("sum", "mean", "amax", "logsumexp")}
 _CAT = frozenset(named("cat", "concat", "concatenate"))
 _SQUEEZE = frozenset(named("squeeze", "unsqueeze"))
 _TRANSPOSE = frozenset(named("transpose", "swapaxes"))
+_UNFLATTEN = frozenset(named("unflatten"))
+_FLATTEN = frozenset(named("flatten"))
 _GETITEM = torch.Tensor.__getitem__
 _INDEX_SELECT = frozenset(named("index_select"))
 _INDEX_ADD = frozenset(named("index_add"))
@@ -125,7 +127,25 @@ def _kind(
         return "rows" if fine else None
     if func is _GETITEM and len(args) == 2:
         return "rows" if _rowwise_index(args[1], rank) else None
+    if func in _UNFLATTEN or func in _FLATTEN:
+        return _reshape_kind(func, args, kwargs, rank)
     return None
+
+
+def _reshape_kind(
+    func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], rank: int
+) -> str | None:
+    """``x.unflatten(d, sizes)`` and ``x.flatten(start, end)`` that leave dim 0 alone: the same
+    call on the packed rows."""
+    if func in _UNFLATTEN:
+        dims = [dim_arg(args, kwargs, 1, None)]
+    else:
+        start = kwargs.get("start_dim", args[1] if len(args) > 1 else 0)
+        end = kwargs.get("end_dim", args[2] if len(args) > 2 else -1)
+        dims = [start, end]
+    if not all(isinstance(d, int) and -rank <= d < rank and d % rank != 0 for d in dims):
+        return None
+    return "rows"
 
 
 def _rnn_kind(
