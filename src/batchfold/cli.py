@@ -27,6 +27,7 @@ TASKS = {
     "sst": "batchfold.training.sst",
     "tagger": "batchfold.training.tagger",
     "parser": "batchfold.training.parser",
+    "biaffine": "batchfold.training.biaffine",
     "esol": "batchfold.training.esol",
     "tox21": "batchfold.training.tox21",
 }

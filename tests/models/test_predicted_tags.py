@@ -233,3 +233,25 @@ def test_predicted_tags_need_a_parser_that_reads_tags(tagger_run: TaggerRun) -> 
         make_parser_task(
             tagger_run, "--pos-dim", "0", "--predicted-tags", str(tagger_run.checkpoint)
         )
+
+
+def test_the_biaffine_parser_trains_evaluates_and_resumes_on_predicted_tags(
+    tagger_run: TaggerRun, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    test = direct_accuracy(tagger_run, tagger_run.test)
+    out = tmp_path / "biaffine"
+    argv = ["train", "biaffine", "--data", str(tagger_run.data), "--word-dim", "4"]
+    argv += ["--pos-dim", "3", "--hidden", "4", "--arc-dim", "5", "--label-dim", "3"]
+    argv += ["--eval-batch-size", "2", "--glove", "none", "--lr-schedule", "constant"]
+    argv += ["--compare-batches", "1", "--no-progress", "--out", str(out)]
+    argv += ["--predicted-tags", str(tagger_run.checkpoint)]
+    assert cli.main([*argv, "--epochs", "1"]) == 0
+    assert "training uses gold tags" in capsys.readouterr().out
+    summary = json.loads((out / "test.json").read_text())
+    assert summary["test"]["test_tagger_upos"] == pytest.approx(test, abs=1e-9)
+    assert cli.main(["eval", "biaffine", "--checkpoint", str(out / "best.pt")]) == 0
+    rows = dict(line.split() for line in capsys.readouterr().out.splitlines() if line[:2] == "  ")
+    assert float(rows["uas"]) == pytest.approx(summary["test"]["test_uas"], abs=0.005)
+    assert float(rows["las"]) == pytest.approx(summary["test"]["test_las"], abs=0.005)
+    assert cli.main([*argv, "--epochs", "2", "--resume"]) == 0
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 2

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 import batchfold as bf
+from batchfold.data.conllu import Sentence
 from batchfold.data.ud import UDVocabs
 from batchfold.lazy import BatchedFunction
 
@@ -26,6 +27,7 @@ __all__ = [
     "ConcatLinear",
     "LSTMStep",
     "State",
+    "TaggedWordsModel",
     "WordDropoutModel",
     "check_sizes",
     "unk_probabilities",
@@ -264,3 +266,68 @@ class WordDropoutModel(nn.Module):
         if self.training and random.random() < self.unk_probability[index]:
             return 0
         return index
+
+
+class TaggedWordsModel(WordDropoutModel):
+    """The base of a parser: word and UPOS rows of every token, with the root token last.
+
+    Word ids come with word dropout (:meth:`WordDropoutModel.word_id`); a tag the model
+    never saw, or (in training, with probability ``tag_dropout``) any tag, is read as the
+    unknown tag. The subclass makes ``word_embedding`` with ``len(vocabs.words) + 1`` rows
+    (the last is the root token's) and a tag embedding with ``len(vocabs.upos) + 2`` (the
+    root token's row, then the unknown tag's).
+
+    Arguments:
+        vocabs: the index maps.
+        word_counts: the training count of each word id (all 0 when ``None``).
+        word_dropout: the word dropout strength ``alpha``.
+        tag_dropout: the chance that a training token's tag is read as unknown, in ``[0, 1)``.
+
+    Raises:
+        ValueError: ``tag_dropout`` is not in ``[0, 1)``, or as :class:`WordDropoutModel`.
+    """
+
+    def __init__(
+        self,
+        vocabs: UDVocabs,
+        word_counts: Sequence[int] | None,
+        word_dropout: float,
+        tag_dropout: float,
+    ) -> None:
+        if not 0.0 <= tag_dropout < 1.0:
+            raise ValueError(f"expected tag_dropout in [0, 1), found {tag_dropout}")
+        super().__init__(vocabs, word_counts, word_dropout)
+        self.root_word = len(vocabs.words)  # an extra row for the root token
+        self.root_tag = len(vocabs.upos)  # extra rows: the root token, then unseen tags
+        self.tag_dropout = tag_dropout
+
+    def tag_id(self, tag: str) -> int:
+        """A tag's row: the unknown tag's for an unseen tag, or at random in training.
+
+        Arguments:
+            tag: a UPOS tag.
+
+        Returns:
+            Its row in the tag embedding.
+        """
+        upos = self.vocabs.upos
+        if tag not in upos or (
+            self.training and self.tag_dropout and random.random() < self.tag_dropout
+        ):
+            return self.root_tag + 1
+        return upos.index(tag)
+
+    def token_ids(self, sentence: Sentence) -> list[tuple[int, int]]:
+        """The word and UPOS rows of every token: words ``1..n``, then the root.
+
+        Arguments:
+            sentence: the sentence.
+
+        Returns:
+            ``n + 1`` pairs ``(word row, UPOS row)``.
+        """
+        tokens = [
+            (self.word_id(w), self.tag_id(t))
+            for w, t in zip(sentence.words, sentence.upos, strict=True)
+        ]
+        return [*tokens, (self.root_word, self.root_tag)]

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 import batchfold as bf
 from batchfold.data.conllu import ROOT, Sentence
 from batchfold.data.ud import UDVocabs
-from batchfold.models.bilstm import BiLSTM, WordDropoutModel, check_sizes
+from batchfold.models.bilstm import BiLSTM, TaggedWordsModel, check_sizes
 from batchfold.models.transitions import Action, ArcHybrid, action_cost, oracle_transitions
 
 __all__ = [
@@ -82,7 +82,7 @@ class FeatureMLP(nn.Module):
         return self.output(torch.tanh(self.hidden(torch.cat(features, dim=-1))))
 
 
-class ArcHybridParser(WordDropoutModel):
+class ArcHybridParser(TaggedWordsModel):
     """The Kiperwasser and Goldberg (2016) arc-hybrid parser with BiLSTM features.
 
     The model keeps the index maps it was built with, so that it reads :class:`Sentence`
@@ -128,32 +128,19 @@ class ArcHybridParser(WordDropoutModel):
         word_dropout: float = 0.0,
         tag_dropout: float = 0.0,
     ) -> None:
-        if not 0.0 <= tag_dropout < 1.0:
-            raise ValueError(f"expected tag_dropout in [0, 1), found {tag_dropout}")
         check_sizes(
             {"word_dim": word_dim, "hidden": hidden, "layers": layers, "mlp_hidden": mlp_hidden},
             ("pos_dim", pos_dim, "no tags"),
         )
-        super().__init__(vocabs, word_counts, word_dropout)
+        super().__init__(vocabs, word_counts, word_dropout, tag_dropout)
         self.n_labels = len(vocabs.deprels)
         self.n_scores = len(Action) + 2 * self.n_labels
-        self.root_word = len(vocabs.words)  # an extra row for the root token
-        self.root_tag = len(vocabs.upos)  # extra rows: the root token, then unseen tags
-        self.tag_dropout = tag_dropout
         self.word_embedding = nn.Embedding(len(vocabs.words) + 1, word_dim)
         self.pos_embedding = nn.Embedding(len(vocabs.upos) + 2, pos_dim) if pos_dim else None
         self.bilstm = BiLSTM(word_dim + pos_dim, hidden, layers)
         self.pad = nn.Embedding(1, 2 * hidden)  # the vector of a missing stack item
         self.scorer = FeatureMLP(N_FEATURES * 2 * hidden, mlp_hidden, self.n_scores)
         self._score_call = bf.function(self.scorer, batched=True)
-
-    def _tag_id(self, tag: str) -> int:
-        upos = self.vocabs.upos
-        if tag not in upos or (
-            self.training and self.tag_dropout and random.random() < self.tag_dropout
-        ):
-            return self.root_tag + 1
-        return upos.index(tag)
 
     def _token_input(self, word_id: int, tag_id: int, device: torch.device) -> list[Tensor]:
         pieces = [self.word_embedding(torch.tensor(word_id, device=device))]
@@ -173,21 +160,6 @@ class ArcHybridParser(WordDropoutModel):
         device = self.device  # read once: inside batch_map each read is a recorded call
         inputs = [self._token_input(w, t, device) for w, t in self.token_ids(sentence)]
         return [torch.cat(states) for states in self.bilstm(inputs)]
-
-    def token_ids(self, sentence: Sentence) -> list[tuple[int, int]]:
-        """The word and UPOS vector rows of every token: words ``1..n``, then the root.
-
-        Arguments:
-            sentence: the sentence.
-
-        Returns:
-            ``n + 1`` pairs ``(word row, UPOS row)``.
-        """
-        tokens = [
-            (self.word_id(w), self._tag_id(t))
-            for w, t in zip(sentence.words, sentence.upos, strict=True)
-        ]
-        return [*tokens, (self.root_word, self.root_tag)]
 
     def pad_vector(self) -> Tensor:
         """The learned vector of a missing stack item, as a per-sentence value.

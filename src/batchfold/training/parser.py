@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping, Sequence
 from functools import partial
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -48,14 +49,24 @@ from batchfold.training.ud import (
     load_splits,
 )
 
-__all__ = ["ParserTask", "add_arguments", "make_task"]
+__all__ = [
+    "ParserTask",
+    "add_arguments",
+    "add_common_arguments",
+    "apply_predicted_tags",
+    "make_task",
+    "parse_metrics",
+]
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The parser's command line options (plus the UD data options).
+def add_common_arguments(parser: argparse.ArgumentParser, pos_dim: int, hidden: int) -> None:
+    """The options every parser job takes: the UD data, word and tag vectors, predicted tags,
+    the BiLSTM, word and tag dropout.
 
     Arguments:
-        parser: the parser of ``batchfold train parser``.
+        parser: the parser of ``batchfold train parser`` or ``biaffine``.
+        pos_dim: the default UPOS vector size.
+        hidden: the default BiLSTM size per direction.
     """
     add_ud_arguments(parser)
     add_option(
@@ -66,11 +77,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="word vector size; with GloVe, 50, 100 or 150 (50d and 100d side by side)",
     )
     add_glove_argument(parser, "data")
-    add_option(parser, "--pos-dim", type=int, default=25, help="UPOS vector size; 0 turns tags off")
+    add_option(
+        parser, "--pos-dim", type=int, default=pos_dim, help="UPOS vector size; 0 turns tags off"
+    )
     add_predicted_tags_argument(parser)
-    add_option(parser, "--hidden", type=int, default=125, help="BiLSTM size per direction")
+    add_option(parser, "--hidden", type=int, default=hidden, help="BiLSTM size per direction")
     add_option(parser, "--layers", type=int, default=2, help="BiLSTM layers")
-    add_option(parser, "--mlp-hidden", type=int, default=100, help="MLP hidden layer size")
     add_word_dropout_argument(parser)
     add_option(
         parser,
@@ -79,6 +91,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.1,
         help="chance that a training token's UPOS tag is read as unknown",
     )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The parser's command line options (plus the UD data options).
+
+    Arguments:
+        parser: the parser of ``batchfold train parser``.
+    """
+    add_common_arguments(parser, pos_dim=25, hidden=125)
+    add_option(parser, "--mlp-hidden", type=int, default=100, help="MLP hidden layer size")
     add_option(
         parser,
         "--oracle",
@@ -231,13 +253,34 @@ class ParserTask(UDTask[ArcHybridParser]):
         """
         parser: ArcHybridParser = expect_model(model, ArcHybridParser)
         sentences, parsed = self.predict(parser, parse, split)
-        uas, las = attachment_scores(
-            [heads for heads, _ in parsed], [labels for _, labels in parsed], sentences
-        )
-        metrics = {f"{split}_uas": 100.0 * uas, f"{split}_las": 100.0 * las}
-        if self.tagger_upos is not None:
-            metrics[f"{split}_tagger_upos"] = self.tagger_upos[split]
-        return metrics
+        return parse_metrics(split, sentences, parsed, self.tagger_upos)
+
+
+def parse_metrics(
+    split: str,
+    sentences: Sequence[Sentence],
+    parsed: Sequence[tuple[Sequence[int], Sequence[str]]],
+    tagger_upos: Mapping[str, float] | None,
+) -> dict[str, float]:
+    """A parser's metrics on a split: UAS and LAS in percent over every word.
+
+    Arguments:
+        split: ``"dev"`` or ``"test"``.
+        sentences: the split's gold sentences.
+        parsed: ``(heads, relations)`` of each sentence.
+        tagger_upos: when the split's tags were predicted, the tagger's accuracy by split.
+
+    Returns:
+        ``{f"{split}_uas": uas, f"{split}_las": las}``, and ``f"{split}_tagger_upos"`` with
+        ``tagger_upos``.
+    """
+    uas, las = attachment_scores(
+        [heads for heads, _ in parsed], [labels for _, labels in parsed], sentences
+    )
+    metrics = {f"{split}_uas": 100.0 * uas, f"{split}_las": 100.0 * las}
+    if tagger_upos is not None:
+        metrics[f"{split}_tagger_upos"] = tagger_upos[split]
+    return metrics
 
 
 def make_task(args: argparse.Namespace) -> ParserTask:
@@ -256,9 +299,6 @@ def make_task(args: argparse.Namespace) -> ParserTask:
         ConfigError: ``--predicted-tags`` with ``--pos-dim 0``, or a file that is not a usable
             tagger checkpoint.
     """
-    path = getattr(args, "predicted_tags", None)
-    if path is not None and args.pos_dim == 0:
-        raise ConfigError(f"--predicted-tags {path}: the parser reads no tags (--pos-dim 0)")
     task = ParserTask(
         load_splits(args),
         word_dim=args.word_dim,
@@ -277,7 +317,36 @@ def make_task(args: argparse.Namespace) -> ParserTask:
     )
     if task.glove_words is not None:
         args.glove_words = task.glove_words  # recorded in config.json
-    predicted = None
+    described = apply_predicted_tags(task, args)
+    print(
+        f"parser: {described}; skipped {task.skipped_nonprojective} "
+        f"non-projective training sentences, training on {len(task.projective)}; "
+        f"{len(task.vocabs.words)} words, {len(task.vocabs.deprels)} relations"
+    )
+    return task
+
+
+def apply_predicted_tags(task: UDTask[Any], args: argparse.Namespace) -> str:
+    """Put ``--predicted-tags``' tags on a parser task's dev and test sentences.
+
+    Without the option this changes nothing. With it, the task's splits are replaced, its
+    ``tagger_upos`` set, ``args.predicted_tags_upos`` written (the loop records it in
+    ``config.json``) and a line about the tags printed.
+
+    Arguments:
+        task: a parser task with ``tagger_upos``.
+        args: the parsed command line.
+
+    Returns:
+        The task's splits, described for its first printed line.
+
+    Raises:
+        ConfigError: ``--predicted-tags`` with ``--pos-dim 0``, or a file that is not a usable
+            tagger checkpoint.
+    """
+    path = getattr(args, "predicted_tags", None)
+    if path is not None and args.pos_dim == 0:
+        raise ConfigError(f"--predicted-tags {path}: the parser reads no tags (--pos-dim 0)")
     if path is not None:
         predicted = predict_splits(
             path,
@@ -287,16 +356,13 @@ def make_task(args: argparse.Namespace) -> ParserTask:
             eval_batch=task.eval_batch,
             scheduler=task.scheduler,
         )
-        task.splits, task.tagger_upos = predicted.splits, predicted.accuracy
+        task.splits = predicted.splits
+        task.tagger_upos = predicted.accuracy
         args.predicted_tags_upos = predicted.accuracy  # recorded in config.json
-    print(
-        f"parser: {describe_splits(task.splits)}; skipped {task.skipped_nonprojective} "
-        f"non-projective training sentences, training on {len(task.projective)}; "
-        f"{len(task.vocabs.words)} words, {len(task.vocabs.deprels)} relations"
-    )
-    if predicted is not None:
+        described = describe_splits(task.splits)
         print(_describe_predicted(predicted.path, predicted.accuracy, predicted.unknown_tags))
-    return task
+        return described
+    return describe_splits(task.splits)
 
 
 def _describe_predicted(path: str, accuracy: Mapping[str, float], unknown: Sequence[str]) -> str:

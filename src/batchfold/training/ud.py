@@ -319,6 +319,8 @@ class UDTask(abc.ABC, Generic[M]):
 
     unit = "sentences"
     model_class: type[M]
+    tagger_upos: dict[str, float] | None = None
+    """A parser's: the tagger's accuracy by split when dev and test carry predicted tags."""
 
     def __init__(
         self, splits: UDSplits, train: list[Sentence], eval_batch: int, scheduler: Scheduler
