@@ -12,6 +12,7 @@ import pytest
 import torch
 from treebank_files import write_treebank
 
+import batchfold.training.biaffine as biaffine_task
 import batchfold.training.parser as parser_task
 from batchfold import cli
 from batchfold.cli import build_parser
@@ -228,11 +229,18 @@ def test_a_file_that_is_no_usable_tagger_is_a_clear_error(
     assert len(err.splitlines()) == 1
 
 
-def test_predicted_tags_need_a_parser_that_reads_tags(tagger_run: TaggerRun) -> None:
+@pytest.mark.parametrize("task", ["parser", "biaffine"])
+def test_predicted_tags_need_a_parser_that_reads_tags(
+    task: str, tagger_run: TaggerRun, tmp_path: Path
+) -> None:
+    """Refused before any data loads: the treebank folder here does not exist."""
+    options = ["--data", str(tmp_path / "missing"), "--glove", "none", "--pos-dim", "0"]
+    args = build_parser("train", task).parse_args(
+        [*options, "--predicted-tags", str(tagger_run.checkpoint)]
+    )
+    module = biaffine_task if task == "biaffine" else parser_task
     with pytest.raises(ConfigError, match=r"the parser reads no tags \(--pos-dim 0\)"):
-        make_parser_task(
-            tagger_run, "--pos-dim", "0", "--predicted-tags", str(tagger_run.checkpoint)
-        )
+        module.make_task(args)
 
 
 def test_the_biaffine_parser_trains_evaluates_and_resumes_on_predicted_tags(

@@ -95,10 +95,8 @@ class BiaffineParser(TaggedWordsModel):
             },
             ("pos_dim", pos_dim, "no tags"),
         )
-        super().__init__(vocabs, word_counts, word_dropout, tag_dropout)
+        super().__init__(vocabs, word_dim, pos_dim, word_counts, word_dropout, tag_dropout)
         n_labels = len(vocabs.deprels)
-        self.word_embedding = nn.Embedding(len(vocabs.words) + 1, word_dim)
-        self.pos_embedding = nn.Embedding(len(vocabs.upos) + 2, pos_dim) if pos_dim else None
         sizes = [word_dim + pos_dim] + [2 * hidden] * (layers - 1)
         self.lstms = nn.ModuleList(nn.LSTM(size, hidden, bidirectional=True) for size in sizes)
         self.dropout = nn.Dropout(dropout)
@@ -235,5 +233,5 @@ def decode(model: BiaffineParser, heads: Tensor, labels: Tensor) -> tuple[list[i
     """
     n = len(heads) - 1
     names = model.vocabs.deprels.labels
-    words = zip(heads.tolist()[:n], labels.tolist()[:n], strict=True)
-    return [0 if h == n else h + 1 for h, _ in words], [names[i] for i in labels.tolist()[:n]]
+    rows, relations = heads.tolist()[:n], labels.tolist()[:n]
+    return [0 if h == n else h + 1 for h in rows], [names[i] for i in relations]

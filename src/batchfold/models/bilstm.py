@@ -269,16 +269,18 @@ class WordDropoutModel(nn.Module):
 
 
 class TaggedWordsModel(WordDropoutModel):
-    """The base of a parser: word and UPOS rows of every token, with the root token last.
+    """The base of a parser: word and UPOS vectors of every token, with the root token last.
 
     Word ids come with word dropout (:meth:`WordDropoutModel.word_id`); a tag the model
     never saw, or (in training, with probability ``tag_dropout``) any tag, is read as the
-    unknown tag. The subclass makes ``word_embedding`` with ``len(vocabs.words) + 1`` rows
-    (the last is the root token's) and a tag embedding with ``len(vocabs.upos) + 2`` (the
-    root token's row, then the unknown tag's).
+    unknown tag. ``word_embedding`` has ``len(vocabs.words) + 1`` rows (the last is the root
+    token's), ``pos_embedding`` ``len(vocabs.upos) + 2`` (the root token's row, then the
+    unknown tag's), or is ``None`` without tags.
 
     Arguments:
         vocabs: the index maps.
+        word_dim: the word vector size.
+        pos_dim: the UPOS vector size; 0 leaves tags out.
         word_counts: the training count of each word id (all 0 when ``None``).
         word_dropout: the word dropout strength ``alpha``.
         tag_dropout: the chance that a training token's tag is read as unknown, in ``[0, 1)``.
@@ -290,6 +292,8 @@ class TaggedWordsModel(WordDropoutModel):
     def __init__(
         self,
         vocabs: UDVocabs,
+        word_dim: int,
+        pos_dim: int,
         word_counts: Sequence[int] | None,
         word_dropout: float,
         tag_dropout: float,
@@ -300,6 +304,8 @@ class TaggedWordsModel(WordDropoutModel):
         self.root_word = len(vocabs.words)  # an extra row for the root token
         self.root_tag = len(vocabs.upos)  # extra rows: the root token, then unseen tags
         self.tag_dropout = tag_dropout
+        self.word_embedding = nn.Embedding(len(vocabs.words) + 1, word_dim)
+        self.pos_embedding = nn.Embedding(len(vocabs.upos) + 2, pos_dim) if pos_dim else None
 
     def tag_id(self, tag: str) -> int:
         """A tag's row: the unknown tag's for an unseen tag, or at random in training.

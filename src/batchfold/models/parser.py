@@ -132,11 +132,9 @@ class ArcHybridParser(TaggedWordsModel):
             {"word_dim": word_dim, "hidden": hidden, "layers": layers, "mlp_hidden": mlp_hidden},
             ("pos_dim", pos_dim, "no tags"),
         )
-        super().__init__(vocabs, word_counts, word_dropout, tag_dropout)
+        super().__init__(vocabs, word_dim, pos_dim, word_counts, word_dropout, tag_dropout)
         self.n_labels = len(vocabs.deprels)
         self.n_scores = len(Action) + 2 * self.n_labels
-        self.word_embedding = nn.Embedding(len(vocabs.words) + 1, word_dim)
-        self.pos_embedding = nn.Embedding(len(vocabs.upos) + 2, pos_dim) if pos_dim else None
         self.bilstm = BiLSTM(word_dim + pos_dim, hidden, layers)
         self.pad = nn.Embedding(1, 2 * hidden)  # the vector of a missing stack item
         self.scorer = FeatureMLP(N_FEATURES * 2 * hidden, mlp_hidden, self.n_scores)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping, Sequence
 from functools import partial
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -24,14 +25,21 @@ from torch import Tensor, nn
 from batchfold.data.conllu import Sentence
 from batchfold.models.biaffine import BiaffineParser, decode, parse, sentence_loss
 from batchfold.schedule import Scheduler
-from batchfold.training.parser import add_common_arguments, apply_predicted_tags, parse_metrics
+from batchfold.training.parser import (
+    add_common_arguments,
+    apply_predicted_tags,
+    check_tag_options,
+    parse_metrics,
+)
 from batchfold.training.ud import (
     UDSplits,
     UDTask,
     add_option,
+    describe_splits,
     expect_model,
     glove_vectors,
     load_splits,
+    start_word_vectors,
 )
 
 __all__ = ["BiaffineTask", "add_arguments", "make_task"]
@@ -61,15 +69,13 @@ class BiaffineTask(UDTask[BiaffineParser]):
 
     Arguments:
         splits: the train, dev and test sentences.
-        sizes: the model's sizes and dropout: ``word_dim``, ``pos_dim``, ``hidden``,
-            ``layers``, ``arc_dim``, ``label_dim``, ``dropout``.
-        word_dropout: the word dropout ``alpha``.
-        tag_dropout: the chance that a training token's tag is read as unknown.
+        model_options: :class:`~batchfold.models.biaffine.BiaffineParser`'s sizes and
+            dropouts by name: ``word_dim`` (required), ``pos_dim``, ``hidden``, ``layers``,
+            ``arc_dim``, ``label_dim``, ``dropout``, ``word_dropout``, ``tag_dropout``.
         glove: start the word vectors from GloVe (as the ``parser`` job's ``glove``).
         seed: the seed of the random vectors of words GloVe lacks.
         eval_batch: sentences per ``batch_map`` call when evaluating.
         scheduler: ``batch_map``'s scheduler.
-        tagger_upos: when dev and test carry predicted tags, the tagger's accuracy on them.
     """
 
     name = "biaffine"
@@ -79,23 +85,17 @@ class BiaffineTask(UDTask[BiaffineParser]):
     def __init__(
         self,
         splits: UDSplits,
-        sizes: Mapping[str, float],
+        model_options: Mapping[str, Any],
         *,
-        word_dropout: float = 0.25,
-        tag_dropout: float = 0.0,
         glove: str | None = None,
         seed: int = 0,
         eval_batch: int = 512,
         scheduler: Scheduler = "agenda",
-        tagger_upos: Mapping[str, float] | None = None,
     ) -> None:
         super().__init__(splits, splits.train, eval_batch, scheduler)
-        self.sizes = dict(sizes)
-        self.word_dropout = word_dropout
-        self.tag_dropout = tag_dropout
-        word_dim = int(self.sizes["word_dim"])
+        self.model_options = dict(model_options)
+        word_dim = self.model_options["word_dim"]
         self.vectors, self.glove_words = glove_vectors(self.vocabs, glove, word_dim, seed)
-        self.tagger_upos = dict(tagger_upos) if tagger_upos is not None else None
 
     def train_items(self) -> Sequence[Sentence]:
         """Every training sentence (non-projective ones too)."""
@@ -103,17 +103,8 @@ class BiaffineTask(UDTask[BiaffineParser]):
 
     def build_model(self) -> nn.Module:
         """A freshly initialised :class:`~batchfold.models.biaffine.BiaffineParser`."""
-        sizes = {k: v if k == "dropout" else int(v) for k, v in self.sizes.items()}
-        model = BiaffineParser(
-            self.vocabs,
-            **sizes,  # type: ignore[arg-type]
-            word_counts=self.word_counts,
-            word_dropout=self.word_dropout,
-            tag_dropout=self.tag_dropout,
-        )
-        if self.vectors is not None:
-            with torch.no_grad():  # the root token's extra row keeps its random start
-                model.word_embedding.weight[: len(self.vectors)].copy_(self.vectors)
+        model = BiaffineParser(self.vocabs, **self.model_options, word_counts=self.word_counts)
+        start_word_vectors(model.word_embedding, self.vectors)
         return model
 
     def summed_loss(
@@ -150,22 +141,15 @@ def make_task(args: argparse.Namespace) -> BiaffineTask:
         The task.
 
     Raises:
-        ConfigError: as the ``parser`` job's ``--predicted-tags``.
+        ConfigError: ``--predicted-tags`` with ``--pos-dim 0``, or a file that is not a usable
+            tagger checkpoint.
     """
-    sizes = {
-        "word_dim": args.word_dim,
-        "pos_dim": args.pos_dim,
-        "hidden": args.hidden,
-        "layers": args.layers,
-        "arc_dim": args.arc_dim,
-        "label_dim": args.label_dim,
-        "dropout": args.dropout,
-    }
+    check_tag_options(args)
+    options = ("word_dim", "pos_dim", "hidden", "layers", "arc_dim", "label_dim", "dropout")
+    options += ("word_dropout", "tag_dropout")
     task = BiaffineTask(
         load_splits(args),
-        sizes,
-        word_dropout=args.word_dropout,
-        tag_dropout=args.tag_dropout,
+        {name: getattr(args, name) for name in options},
         glove=args.glove,
         seed=args.seed,
         eval_batch=args.eval_batch_size,
@@ -173,8 +157,10 @@ def make_task(args: argparse.Namespace) -> BiaffineTask:
     )
     if task.glove_words is not None:
         args.glove_words = task.glove_words  # recorded in config.json
-    described = apply_predicted_tags(task, args)
+    apply_predicted_tags(task, args)
+    v = task.vocabs
     print(
-        f"biaffine: {described}; {len(task.vocabs.words)} words, {len(task.vocabs.deprels)} relations"
+        f"biaffine: {describe_splits(task.splits)}; {len(v.words)} words, "
+        f"{len(v.deprels)} relations"
     )
     return task

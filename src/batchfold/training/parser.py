@@ -47,6 +47,7 @@ from batchfold.training.ud import (
     expect_model,
     glove_vectors,
     load_splits,
+    start_word_vectors,
 )
 
 __all__ = [
@@ -54,6 +55,7 @@ __all__ = [
     "add_arguments",
     "add_common_arguments",
     "apply_predicted_tags",
+    "check_tag_options",
     "make_task",
     "parse_metrics",
 ]
@@ -215,9 +217,7 @@ class ParserTask(UDTask[ArcHybridParser]):
             word_dropout=self.word_dropout,
             tag_dropout=self.tag_dropout,
         )
-        if self.vectors is not None:
-            with torch.no_grad():  # the root token's extra row keeps its random start
-                model.word_embedding.weight[: len(self.vectors)].copy_(self.vectors)
+        start_word_vectors(model.word_embedding, self.vectors)
         return model
 
     def summed_loss(
@@ -299,6 +299,7 @@ def make_task(args: argparse.Namespace) -> ParserTask:
         ConfigError: ``--predicted-tags`` with ``--pos-dim 0``, or a file that is not a usable
             tagger checkpoint.
     """
+    check_tag_options(args)
     task = ParserTask(
         load_splits(args),
         word_dim=args.word_dim,
@@ -317,16 +318,27 @@ def make_task(args: argparse.Namespace) -> ParserTask:
     )
     if task.glove_words is not None:
         args.glove_words = task.glove_words  # recorded in config.json
-    described = apply_predicted_tags(task, args)
+    apply_predicted_tags(task, args)
     print(
-        f"parser: {described}; skipped {task.skipped_nonprojective} "
+        f"parser: {describe_splits(task.splits)}; skipped {task.skipped_nonprojective} "
         f"non-projective training sentences, training on {len(task.projective)}; "
         f"{len(task.vocabs.words)} words, {len(task.vocabs.deprels)} relations"
     )
     return task
 
 
-def apply_predicted_tags(task: UDTask[Any], args: argparse.Namespace) -> str:
+def check_tag_options(args: argparse.Namespace) -> None:
+    """Refuse ``--predicted-tags`` for a parser that reads no tags, before any data loads.
+
+    Raises:
+        ConfigError: ``--predicted-tags`` with ``--pos-dim 0``.
+    """
+    path = getattr(args, "predicted_tags", None)
+    if path is not None and args.pos_dim == 0:
+        raise ConfigError(f"--predicted-tags {path}: the parser reads no tags (--pos-dim 0)")
+
+
+def apply_predicted_tags(task: UDTask[Any], args: argparse.Namespace) -> None:
     """Put ``--predicted-tags``' tags on a parser task's dev and test sentences.
 
     Without the option this changes nothing. With it, the task's splits are replaced, its
@@ -334,19 +346,13 @@ def apply_predicted_tags(task: UDTask[Any], args: argparse.Namespace) -> str:
     ``config.json``) and a line about the tags printed.
 
     Arguments:
-        task: a parser task with ``tagger_upos``.
+        task: a parser task.
         args: the parsed command line.
 
-    Returns:
-        The task's splits, described for its first printed line.
-
     Raises:
-        ConfigError: ``--predicted-tags`` with ``--pos-dim 0``, or a file that is not a usable
-            tagger checkpoint.
+        ConfigError: a file that is not a usable tagger checkpoint.
     """
     path = getattr(args, "predicted_tags", None)
-    if path is not None and args.pos_dim == 0:
-        raise ConfigError(f"--predicted-tags {path}: the parser reads no tags (--pos-dim 0)")
     if path is not None:
         predicted = predict_splits(
             path,
@@ -359,10 +365,7 @@ def apply_predicted_tags(task: UDTask[Any], args: argparse.Namespace) -> str:
         task.splits = predicted.splits
         task.tagger_upos = predicted.accuracy
         args.predicted_tags_upos = predicted.accuracy  # recorded in config.json
-        described = describe_splits(task.splits)
         print(_describe_predicted(predicted.path, predicted.accuracy, predicted.unknown_tags))
-        return described
-    return describe_splits(task.splits)
 
 
 def _describe_predicted(path: str, accuracy: Mapping[str, float], unknown: Sequence[str]) -> str:

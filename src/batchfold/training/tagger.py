@@ -37,6 +37,7 @@ from batchfold.training.ud import (
     expect_model,
     glove_vectors,
     load_splits,
+    start_word_vectors,
     word_counts,
 )
 
@@ -154,9 +155,7 @@ class TaggerTask(UDTask[BiLSTMTagger]):
             word_counts=self.word_counts,
             word_dropout=self.word_dropout,
         )
-        if self.vectors is not None:
-            with torch.no_grad():
-                model.word_embedding.weight.copy_(self.vectors)
+        start_word_vectors(model.word_embedding, self.vectors)
         return model
 
     def summed_loss(

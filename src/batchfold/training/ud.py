@@ -31,13 +31,16 @@ from batchfold.schedule import Scheduler
 __all__ = [
     "UDSplits",
     "UDTask",
+    "add_glove_argument",
     "add_option",
     "add_ud_arguments",
     "add_word_dropout_argument",
     "batched_predictions",
     "describe_splits",
     "expect_model",
+    "glove_vectors",
     "load_splits",
+    "start_word_vectors",
     "word_counts",
 ]
 
@@ -181,6 +184,14 @@ def glove_vectors(
         raise FileNotFoundError(
             f"{err} On the command line: --glove PATH, or --glove none for random vectors."
         ) from err
+
+
+def start_word_vectors(embedding: nn.Embedding, vectors: Tensor | None) -> None:
+    """Copy :func:`glove_vectors`' matrix into the first rows of a word embedding (rows past
+    them, such as a parser's root token, keep their random start); ``None`` leaves it."""
+    if vectors is not None:
+        with torch.no_grad():
+            embedding.weight[: len(vectors)].copy_(vectors)
 
 
 def _limit(items: list[T], limit: int | None) -> list[T]:
