@@ -59,6 +59,8 @@ def test_matmul_shapes_are_the_ops(a: tuple[int, ...], b: tuple[int, ...]) -> No
     got = _known_shape(torch.Tensor.__matmul__, (Slot(0), Slot(1)), {}, (_meta(x), _meta(w)))
     assert got.shape == (x @ w).shape
     assert _known_shape(torch.matmul, (Slot(0), w.double()), {}, (_meta(x),)) is None
+    flags = x > 0  # bool: no matmul kernel, left to the meta run to refuse
+    assert _known_shape(torch.matmul, (Slot(0), w > 0), {}, (_meta(flags),)) is None
     assert _known_shape(torch.matmul, (Slot(0), torch.randn(7)), {}, (_meta(x),)) is None
 
 

@@ -166,6 +166,8 @@ def _matmul_shape(targs: Any, in_metas: tuple[TensorMeta, ...]) -> Any:
     a, b = (in_metas[t.index] if type(t) is Slot else t for t in targs)
     if not all(isinstance(t, (Tensor, TensorMeta)) for t in (a, b)) or a.dtype != b.dtype:
         return None
+    if not a.dtype.is_floating_point:  # others (bool) may have no kernel: the meta run says so
+        return None
     x, y = tuple(a.shape), tuple(b.shape)
     if not 1 <= len(y) <= 2 or len(x) < 1 or (len(x) > 2 and len(y) != 2):
         return None
