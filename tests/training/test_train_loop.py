@@ -229,3 +229,47 @@ def test_checkpoints_from_before_the_schedule_options_resume_at_a_constant_rate(
         loop.train(
             LinearTask(), linear_args(out, "--epochs", "4", "--lr-schedule", "cosine", "--resume")
         )
+
+
+class RecordingTask(LinearTask):
+    """:class:`LinearTask` that keeps the trained model's weights at every loss: those after
+    the step before."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[Tensor] = []
+
+    def loss(self, model: nn.Module, batch: Sequence[int]) -> tuple[Tensor, int]:
+        self.seen.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+        return super().loss(model, batch)
+
+
+def test_ema_evaluates_keeps_and_resumes_the_moving_average(tmp_path: Path) -> None:
+    ema = ("--optimizer", "adam", "--lr", "0.1", "--ema", "0.5")
+    task = RecordingTask()
+    loop.train(task, linear_args(tmp_path / "straight", *ema))
+    state = loop.load_checkpoint(tmp_path / "straight" / "last.pt")
+    trained = torch.cat([state["trained"]["weight"].flatten(), state["trained"]["bias"]])
+    # the weights after each of the 12 steps (the profile at the end calls the loss again)
+    after = [*task.seen[1:12], trained]
+    average = after[0]
+    for weights in after[1:]:
+        average = 0.5 * average + 0.5 * weights
+    kept = torch.cat([state["model"]["weight"].flatten(), state["model"]["bias"]])
+    torch.testing.assert_close(kept, average)
+    assert state["averaged_steps"] == len(after) == 12
+    assert not torch.allclose(kept, trained)
+    model = LinearTask().build_model()
+    model.load_state_dict(state["model"])
+    dev = read_jsonl(tmp_path / "straight" / "metrics.jsonl")[-1]["dev"]
+    with torch.no_grad():
+        assert dev == LinearTask().evaluate(model, "dev")  # dev saw the average
+
+    resumed = tmp_path / "resumed"
+    loop.train(LinearTask(), linear_args(resumed, *ema, "--epochs", "2"))
+    loop.train(LinearTask(), linear_args(resumed, *ema, "--resume"))
+    again = loop.load_checkpoint(resumed / "last.pt")
+    for key in ("model", "trained"):
+        assert all(torch.equal(state[key][k], again[key][k]) for k in state[key]), key
+    with pytest.raises(loop.ConfigError, match=r"--ema must be in \[0, 1\), got 1.0"):
+        loop.train(LinearTask(), linear_args(tmp_path / "bad", "--ema", "1"))

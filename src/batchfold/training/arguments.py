@@ -69,6 +69,15 @@ def add_arguments(parser: argparse.ArgumentParser, task_name: str) -> None:
         help="L2 penalty on every weight, added to the gradients (default: %(default)s)",
     )
     group.add_argument(
+        "--ema",
+        type=float,
+        default=0.0,
+        metavar="DECAY",
+        help="keep an exponential moving average of the weights, updated after every step with "
+        "this decay (0.999: about the last 1,000 steps), and evaluate, keep and test the "
+        "average instead of the last weights; 0 for none (default: %(default)s)",
+    )
+    group.add_argument(
         "--batch-size", type=int, default=32, help="items per batch (default: %(default)s)"
     )
     group.add_argument(

@@ -5,6 +5,8 @@ each epoch it evaluates on dev, appends a line to ``metrics.jsonl`` and saves ``
 (weights, optimizer, RNG states, config), from which ``--resume`` continues exactly;
 ``best.pt`` keeps the epoch with the best ``task.best_metric``. Both are written atomically
 with a checksum that is verified when they are read (:mod:`batchfold.training.checkpoint`).
+With ``--ema``, the moving average of the weights is what dev and test evaluate and what the
+checkpoints' ``model`` holds (``last.pt`` also keeps the trained weights, to resume).
 At the end it plots ``curves.png``, times batched against one-at-a-time training (for an
 :class:`~batchfold.training.task.EagerBaseline` task) and writes the test metrics of the
 best checkpoint to ``test.json``. Last it profiles one sample batch into ``profile.json``
@@ -31,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from torch.optim.swa_utils import AveragedModel
 from tqdm import tqdm
 
 from batchfold.errors import ConfigError
@@ -44,7 +47,7 @@ from batchfold.training.evaluation import (
     format_metrics,
     print_summary,
 )
-from batchfold.training.optim import make_optimizer, set_epoch_lr
+from batchfold.training.optim import make_average, make_optimizer, set_epoch_lr
 from batchfold.training.plot import plot_curves
 from batchfold.training.report import write_report
 from batchfold.training.run_folder import (
@@ -120,10 +123,12 @@ def _train_epoch(
     args: argparse.Namespace,
     epoch: int,
     ranks: distributed.Ranks | None = None,
+    average: AveragedModel | None = None,
 ) -> dict[str, float]:
     """One pass over the shuffled training items; returns loss, items/s and seconds.
 
     With several ranks, each takes its share of every batch and the gradients are summed.
+    ``average`` (``--ema``) is updated after every step.
     """
     ranks = ranks or distributed.Ranks()
     model.train()
@@ -156,6 +161,8 @@ def _train_epoch(
                     "lower --lr"
                 )
             optimizer.step()
+            if average is not None:
+                average.update_parameters(model)
             total_loss += value
             total_terms += terms
             bar.update(len(indices))
@@ -208,6 +215,8 @@ def train(task: Task, args: argparse.Namespace) -> dict[str, Any]:
     optimizer = make_optimizer(
         args.optimizer, task.param_groups(model, args.lr), args.lr, args.weight_decay
     )
+    average = make_average(model, args.ema)
+    evaluated = model if average is None else average.module  # what dev, best.pt and test see
     lower = bool(getattr(task, "lower_is_better", False))
     first_epoch, best, history = 1, {"epoch": 0, "value": math.inf if lower else -math.inf}, []
     if args.resume:
@@ -216,7 +225,10 @@ def train(task: Task, args: argparse.Namespace) -> dict[str, Any]:
             raise ConfigError(f"--resume: no checkpoint at {file}; train without --resume first")
         state = load_checkpoint(file, args.device, advice=resume_advice(out))
         check_resume_config(state["config"], config, file)
-        model.load_state_dict(state["model"])
+        model.load_state_dict(state.get("trained", state["model"]))
+        if average is not None:
+            average.module.load_state_dict(state["model"])
+            average.n_averaged.fill_(state["averaged_steps"])
         optimizer.load_state_dict(state["optimizer"])
         set_rng_state(state["rng"])
         first_epoch, best = state["epoch"] + 1, state["best"]
@@ -236,11 +248,11 @@ def train(task: Task, args: argparse.Namespace) -> dict[str, Any]:
         scale = set_epoch_lr(optimizer, args.lr_schedule, epoch, args.epochs, args.min_lr_scale)
         if args.lr_schedule != "constant":
             record["lr_scale"] = scale
-        record.update(_train_epoch(task, model, optimizer, items, args, epoch, ranks))
+        record.update(_train_epoch(task, model, optimizer, items, args, epoch, ranks, average))
         if not ranks.main:  # rank 0 evaluates and writes; the others wait for the next epoch
             distributed.barrier(ranks)
             continue
-        record["dev"] = evaluate(task, model, "dev")
+        record["dev"] = evaluate(task, evaluated, "dev")
         history.append(record)
         with open(out / "metrics.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
@@ -249,7 +261,7 @@ def train(task: Task, args: argparse.Namespace) -> dict[str, Any]:
         if improved:
             best = {"epoch": epoch, "value": value}
         checkpoint = {
-            "model": model.state_dict(),
+            "model": evaluated.state_dict(),
             "optimizer": optimizer.state_dict(),
             "epoch": epoch,
             "rng": rng_state(),
@@ -257,6 +269,8 @@ def train(task: Task, args: argparse.Namespace) -> dict[str, Any]:
             "best": best,
             "dev": record["dev"],
         }
+        if average is not None:  # "model" holds the average; resuming needs the weights too
+            checkpoint |= {"trained": model.state_dict(), "averaged_steps": int(average.n_averaged)}
         save_checkpoints(out, checkpoint, improved)
         print(
             f"epoch {epoch}/{args.epochs}: train loss {record['train_loss']:.4f}, "

@@ -5,6 +5,7 @@
 (the rate of the group throughout) or ``cosine`` (each group's rate decays along half a cosine
 from its own rate at epoch 1 to ``--min-lr-scale`` times it at the last epoch). The rate is a
 function of the epoch alone, so a resumed run gets exactly the rates it would have had.
+:func:`make_average` keeps ``--ema``'s moving average of the weights.
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ import math
 from typing import Any
 
 import torch
+from torch import nn
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from batchfold.errors import ConfigError
 from batchfold.training.arguments import DEFAULT_LR, LR_SCHEDULES
 
-__all__ = ["epoch_lr_scale", "make_optimizer", "set_epoch_lr"]
+__all__ = ["epoch_lr_scale", "make_average", "make_optimizer", "set_epoch_lr"]
 
 
 def make_optimizer(
@@ -105,3 +108,33 @@ def set_epoch_lr(
         group.setdefault("initial_lr", group["lr"])
         group["lr"] = group["initial_lr"] * scale
     return scale
+
+
+def make_average(model: nn.Module, decay: float) -> AveragedModel | None:
+    """An exponential moving average of ``model``'s weights and buffers, or ``None`` for 0.
+
+    After each optimizer step, ``average.update_parameters(model)`` moves every averaged
+    weight by ``1 - decay`` toward the model's (the first update copies them);
+    ``average.module`` is a model of the same class that holds the average.
+
+    Arguments:
+        model: the model being trained.
+        decay: the share of the old average kept at each update, in [0, 1); 0: no average.
+
+    Raises:
+        ConfigError: ``decay`` outside [0, 1).
+
+    Example:
+        >>> model = nn.Linear(1, 1, bias=False)
+        >>> average = make_average(model, 0.5)
+        >>> for w in (2.0, 4.0):
+        ...     _ = model.weight.data.fill_(w)
+        ...     average.update_parameters(model)
+        >>> average.module.weight.item()
+        3.0
+    """
+    if not 0.0 <= decay < 1.0:
+        raise ConfigError(f"--ema must be in [0, 1), got {decay}")
+    if decay == 0.0:
+        return None
+    return AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)

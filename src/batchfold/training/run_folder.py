@@ -40,6 +40,7 @@ _ADDED_LATER = {
     "lr_schedule": "constant",
     "min_lr_scale": 0.0,
     "weight_decay": 0.0,
+    "ema": 0.0,
 }
 # options a task gained after runs were saved, with what those runs did: random word vectors
 # and no tag dropout
