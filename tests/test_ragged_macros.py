@@ -348,6 +348,25 @@ def test_a_module_with_an_adjacency_input_is_cached(scheduler: Scheduler) -> Non
     assert _nodes(stats, "MessagePassing") == len(graphs) - 2
 
 
+@pytest.mark.parametrize("scheduler", ["agenda", "depth"])
+def test_a_graph_with_as_many_atoms_as_features_takes_the_cached_call(scheduler: Scheduler) -> None:
+    """x ``[8, 8]`` beside A ``[8, 8]``: either could be the adjacency; the cached call says."""
+    model = MessagePassing().double()
+    gen = torch.Generator().manual_seed(7)
+    lengths = [3, 5, 8, 2, 8, 4]  # the first two confirm the call; then [8, 8] twice
+    graphs = [
+        (x, (torch.rand(len(x), len(x), dtype=torch.float64, generator=gen) > 0.5).double())
+        for x in _sequences(dim=8, seed=7, lengths=lengths)
+    ]
+    fn = lambda g: model(torch.as_tensor(g[0]), torch.as_tensor(g[1]))  # noqa: E731
+    stats = _check(model, fn, graphs, scheduler)
+    assert _nodes(stats, "MessagePassing") == len(graphs) - 2 and not stats.module_misses
+    # first in its batch, before any call is confirmed: op by op, and still eager's values
+    forget()
+    stats = _check(model, fn, [graphs[2], *graphs], scheduler)
+    assert any(m.startswith("MessagePassing: ") for m in stats.module_misses)
+
+
 class Degrees(MessagePassing):
     """Also reads the adjacency's row sums: an op on [L, L] other than the product."""
 

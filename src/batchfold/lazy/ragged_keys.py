@@ -51,10 +51,10 @@ def ragged_key(
     if found is None:
         return None
     classes, lengths = found
-    square = -1
+    squares: list[int] = []
     if len(lengths) == 1:
         squares = [i for i, m in enumerate(metas) if m.shape == (lengths[0], lengths[0])]
-        square = squares[0] if len(squares) == 1 else -1  # several: rows (their key holds L)
+    square = squares[0] if len(squares) == 1 else -1  # several: rows (their key holds L)
     ragged_in = tuple(c >= 0 for c in classes)
     inputs: list[int] = []
     rec = cache.rec
@@ -62,6 +62,13 @@ def ragged_key(
     head = _head(module, grad_mode(), classes)
     kparts = rec.kwargs_key(kwargs, inputs) if kwargs else None
     key = _key(head, parts, kparts, metas, positional, ragged_in, square)
+    if len(squares) > 1:  # [L, d] with L == d beside the [L, L] input: the one cached, if any
+        earlier = set(kept_keys(module))
+        for i in squares:
+            square_key = _key(head, parts, kparts, metas, positional, ragged_in, i)
+            if _has_macro(cache, square_key) or square_key in earlier:
+                square, key = i, square_key
+                break
     if len(lengths) < sum(ragged_in) and not _has_macro(cache, key):  # classes of one length
         earlier = set(kept_keys(module))
         for finer in _splits(cache, earlier, head, classes):
