@@ -164,6 +164,40 @@ def time_training(
     return row
 
 
+def time_interleaved(
+    model: nn.Module, systems: dict[str, Loss], batches: list[list[Any]], repeats: int
+) -> dict[str, dict[str, Any]]:
+    """:func:`time_training` of every system, taking turns: each batch runs on every system
+    before the next, so a machine that slows down or speeds up for a while (a shared VM)
+    weighs on all systems alike, not on whichever ran then. The first round warms up."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-6)
+    times: dict[str, list[float]] = {name: [] for name in systems}
+    splits: dict[str, list[tuple[float, float, float, int]]] = {name: [] for name in systems}
+    for i in range(repeats + 1):
+        for batch in batches:
+            for name, loss in systems.items():
+                start = time.perf_counter()
+                value, stats = loss(batch)
+                optimizer.zero_grad()
+                value.backward()
+                optimizer.step()
+                if i:
+                    times[name].append(time.perf_counter() - start)
+                    if stats is not None:
+                        split = (stats.record_s, stats.schedule_s, stats.execute_s, stats.steps)
+                        splits[name].append(split)
+    rows = {}
+    for name in systems:
+        row: dict[str, Any] = {"median_s": statistics.median(times[name]), "runs": len(times[name])}
+        if splits[name]:
+            record, sched, execute, steps = (
+                statistics.median(s[j] for s in splits[name]) for j in range(4)
+            )
+            row.update(record_s=record, schedule_s=sched, execute_s=execute, steps=steps)
+        rows[name] = row
+    return rows
+
+
 def check(model: nn.Module, loss_systems: dict[str, Loss], batch: list[Any]) -> None:
     """Every system's loss equals the loop's on ``batch``."""
     want = loss_systems["plain loop (eager)"](batch)[0]

@@ -4,7 +4,8 @@ Each workload is written the way a user writes one instance, on whole tensors of
 instance's own size, and run on the same weights and inputs as a plain Python loop (eager
 PyTorch) and through ``batch_map``: with ragged batching (the default; each scheduler) and
 without (``ragged=False``: only values of equal shapes batch). Losses are checked against the
-loop's before timing.
+loop's before timing. The systems take turns on each batch, so that a shared machine's
+slow spells weigh on all of them alike.
 
 - **message passing** over ESOL molecules: per molecule ``h`` ``[atoms, d]`` and its adjacency
   ``A`` ``[atoms, atoms]``; 3 rounds of ``h = relu(self(h) + A @ msg(h))``, a sum readout, a
@@ -185,14 +186,16 @@ class Seq2Seq(nn.Module):
 
 def time_decoding(model: Seq2Seq, batches: list[list[list[int]]], repeats: int) -> dict[str, Any]:
     """Median seconds to decode a batch greedily (no gradients), one sequence at a time and
-    through batch_map; checks that both decode exactly the same tokens."""
+    through batch_map, the systems taking turns on each batch (see ``time_interleaved``);
+    checks that both decode exactly the same tokens."""
     with torch.no_grad():
         want = [[model.decode(x)[0] for x in batch] for batch in batches]
-    rows: dict[str, Any] = {}
-    for system in ("one at a time", "batch_map agenda", "batch_map depth"):
-        times, syncs = [], []
-        for i in range(repeats + 1):  # the first round warms up
-            for batch, tokens in zip(batches, want, strict=True):
+    systems = ("one at a time", "batch_map agenda", "batch_map depth")
+    times: dict[str, list[float]] = {system: [] for system in systems}
+    syncs: dict[str, list[int]] = {system: [] for system in systems}
+    for i in range(repeats + 1):  # the first round warms up
+        for batch, tokens in zip(batches, want, strict=True):
+            for system in systems:
                 start = time.perf_counter()
                 with torch.no_grad():
                     if system == "one at a time":
@@ -205,12 +208,17 @@ def time_decoding(model: Seq2Seq, batches: list[list[list[int]]], repeats: int) 
                             return_stats=True,
                         )
                         got = [o[0] for o in outs]
-                        syncs.append(stats.syncs)
+                        syncs[system].append(stats.syncs)
                 if i:
-                    times.append(time.perf_counter() - start)
+                    times[system].append(time.perf_counter() - start)
                 if got != tokens:
                     raise RuntimeError(f"{system} decoded other tokens than one at a time")
-        rows[system] = {"median_s": statistics.median(times), "syncs": max(syncs, default=0)}
+    rows: dict[str, Any] = {}
+    for system in systems:
+        rows[system] = {
+            "median_s": statistics.median(times[system]),
+            "syncs": max(syncs[system], default=0),
+        }
     return rows
 
 
