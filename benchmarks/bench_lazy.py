@@ -144,24 +144,7 @@ def time_training(
     model: nn.Module, loss: Loss, batches: list[list[Any]], repeats: int
 ) -> dict[str, Any]:
     """Median seconds of a training step (forward, backward, SGD), and batch_map's split."""
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-6)
-    times, splits = [], []
-    for i in range(repeats + 1):  # the first round warms up
-        for batch in batches:
-            start = time.perf_counter()
-            value, stats = loss(batch)
-            optimizer.zero_grad()
-            value.backward()
-            optimizer.step()
-            if i:
-                times.append(time.perf_counter() - start)
-                if stats is not None:
-                    splits.append((stats.record_s, stats.schedule_s, stats.execute_s, stats.steps))
-    row: dict[str, Any] = {"median_s": statistics.median(times), "runs": len(times)}
-    if splits:
-        record, sched, execute, steps = (statistics.median(s[j] for s in splits) for j in range(4))
-        row.update(record_s=record, schedule_s=sched, execute_s=execute, steps=steps)
-    return row
+    return time_interleaved(model, {"system": loss}, batches, repeats)["system"]
 
 
 def time_interleaved(
