@@ -109,12 +109,11 @@ def test_the_attention_classifier_is_cached_and_equals_eager() -> None:
 
 @pytest.mark.parametrize("scheduler", ["agenda", "depth"])
 @pytest.mark.parametrize("lengths", [[*LENGTHS, 9, 2, 4], [5] * 8], ids=["several", "one"])
+@pytest.mark.parametrize("graphs", [False, True], ids=["sequences", "graphs"])
 def test_the_fast_path_of_ragged_calls_makes_the_plan_of_the_slow_one(
-    scheduler: Scheduler, lengths: list[int], monkeypatch: pytest.MonkeyPatch
+    scheduler: Scheduler, lengths: list[int], graphs: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     forget()
-    model = Encoder().double()
-    xs = _sequences(seed=11, lengths=lengths)
     taken = []
     fast = macros.ragged_hit
 
@@ -127,9 +126,25 @@ def test_the_fast_path_of_ragged_calls_makes_the_plan_of_the_slow_one(
         assert stats.plan is not None
         return [(s.sig.name, len(s.nodes)) for s in stats.plan.steps]
 
-    def fn(x: torch.Tensor) -> torch.Tensor:
-        rows, pooled = model(torch.as_tensor(x))
-        return rows.sum(0) + pooled
+    if graphs:  # x [L, 8] and its adjacency [L, L], some of them [8, 8] both
+        model: nn.Module = MessagePassing().double()
+        name = "MessagePassing"
+        gen = torch.Generator().manual_seed(12)
+        xs: list[Any] = [
+            (x, (torch.rand(len(x), len(x), dtype=torch.float64, generator=gen) > 0.5).double())
+            for x in _sequences(dim=8, seed=12, lengths=[*lengths, 8, 8])
+        ]
+
+        def fn(g: Any) -> torch.Tensor:
+            return model(torch.as_tensor(g[0]), torch.as_tensor(g[1]))
+
+    else:
+        model, name = Encoder().double(), "Encoder"
+        xs = _sequences(seed=11, lengths=lengths)
+
+        def fn(g: Any) -> torch.Tensor:
+            rows, pooled = model(torch.as_tensor(g))
+            return rows.sum(0) + pooled
 
     monkeypatch.setattr(macros, "ragged_hit", counted)
     with_fast = _check(model, fn, xs, scheduler)
@@ -137,7 +152,7 @@ def test_the_fast_path_of_ragged_calls_makes_the_plan_of_the_slow_one(
     forget()
     monkeypatch.setattr(macros, "ragged_hit", lambda *args: None)
     slow = _check(model, fn, xs, scheduler)
-    assert plan(with_fast) == plan(slow) and _nodes(slow, "Encoder") > 0
+    assert plan(with_fast) == plan(slow) and _nodes(slow, name) > 0
     assert with_fast.module_calls_cached == slow.module_calls_cached
 
 

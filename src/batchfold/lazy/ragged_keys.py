@@ -92,21 +92,32 @@ def ragged_hit(
     cache: ModuleCache, module: nn.Module, metas: list[TensorMeta], inputs: list[int], mode: int
 ) -> Any:
     """The common ragged call on a fast path: positional lazy arguments of one rank (2 or
-    more) and one leading length, none ``[L, L]``, and a confirmed macro whose guards hold.
-    Its lazy result; :data:`BY_SHAPE` for a call of the one length its module was traced at
-    (keyed by shape, as :meth:`ModuleCache.call` does then); or ``None`` (then
-    :func:`ragged_key` and :func:`call_ragged`). The key is the one :func:`ragged_key` makes
-    for such a call; ``mode`` is :func:`grad_mode`'s."""
+    more) and one leading length, at most one of them ``[L, L]`` (a graph's adjacency), and a
+    confirmed macro whose guards hold. Its lazy result; :data:`BY_SHAPE` for a call of the
+    one length its module was traced at (keyed by shape, as :meth:`ModuleCache.call` does
+    then); or ``None`` (then :func:`ragged_key` and :func:`call_ragged`). The key is the one
+    :func:`ragged_key` makes for such a call; ``mode`` is :func:`grad_mode`'s."""
     shape = metas[0].shape
     rank, length = len(shape), shape[0] if shape else 0
     if rank < 2 or length == 0:
         return None
-    for m in metas:
+    square = -1
+    for i, m in enumerate(metas):
         s = m.shape
-        if len(s) != rank or s[0] != length or (rank == 2 and s[1] == length):
+        if len(s) != rank or s[0] != length:
             return None
+        if rank == 2 and s[1] == length:
+            if square >= 0:
+                return None  # several [L, L]: which is the adjacency is ragged_key's to say
+            square = i
+    head = _head(module, mode, (0,) * len(metas))
     flat = tuple(ragged_meta(m) for m in metas)  # _key's, every input ragged
-    entry = cache.entries.get((*_head(module, mode, (0,) * len(metas)), flat))
+    entry = cache.entries.get((*head, flat))
+    if square >= 0 and (entry is None or entry.macro is None):  # else the rows call, as there
+        flat = tuple(
+            ("square", m.dtype, m.device) if i == square else r for i, r in enumerate(flat)
+        )
+        entry = cache.entries.get((*head, flat))
     lengths = (length,)
     if entry is None:
         return None
