@@ -114,9 +114,8 @@ def ragged_hit(
     flat = tuple(ragged_meta(m) for m in metas)  # _key's, every input ragged
     entry = cache.entries.get((*head, flat))
     if square >= 0 and (entry is None or entry.macro is None):  # else the rows call, as there
-        flat = tuple(
-            ("square", m.dtype, m.device) if i == square else r for i, r in enumerate(flat)
-        )
+        adjacency = ("square", metas[square].dtype, metas[square].device)
+        flat = tuple(adjacency if i == square else r for i, r in enumerate(flat))
         entry = cache.entries.get((*head, flat))
     lengths = (length,)
     if entry is None:
