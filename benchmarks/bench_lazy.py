@@ -150,17 +150,21 @@ def time_training(
 def time_interleaved(
     model: nn.Module, systems: dict[str, Loss], batches: list[list[Any]], repeats: int
 ) -> dict[str, dict[str, Any]]:
-    """:func:`time_training` of every system, taking turns: each batch runs on every system
-    before the next, so a machine that slows down or speeds up for a while (a shared VM)
-    weighs on all systems alike, not on whichever ran then. The first round warms up."""
+    """:func:`time_training` of every system, taking turns round by round: in each round every
+    system runs all the batches, in an order that rotates from round to round, so a machine
+    that slows down for a while (a shared VM) weighs on all systems alike. A system's batches
+    run back to back, as in a training loop: taking turns batch by batch slowed whichever
+    system ran right after the eager loop. The first round warms up."""
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-6)
-    times: dict[str, list[float]] = {name: [] for name in systems}
-    splits: dict[str, list[tuple[float, float, float, int]]] = {name: [] for name in systems}
+    names = list(systems)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    splits: dict[str, list[tuple[float, float, float, int]]] = {name: [] for name in names}
     for i in range(repeats + 1):
-        for batch in batches:
-            for name, loss in systems.items():
+        turn = i % len(names)
+        for name in names[turn:] + names[:turn]:
+            for batch in batches:
                 start = time.perf_counter()
-                value, stats = loss(batch)
+                value, stats = systems[name](batch)
                 optimizer.zero_grad()
                 value.backward()
                 optimizer.step()
@@ -170,7 +174,7 @@ def time_interleaved(
                         split = (stats.record_s, stats.schedule_s, stats.execute_s, stats.steps)
                         splits[name].append(split)
     rows = {}
-    for name in systems:
+    for name in names:
         row: dict[str, Any] = {"median_s": statistics.median(times[name]), "runs": len(times[name])}
         if splits[name]:
             record, sched, execute, steps = (

@@ -4,8 +4,9 @@ Each workload is written the way a user writes one instance, on whole tensors of
 instance's own size, and run on the same weights and inputs as a plain Python loop (eager
 PyTorch) and through ``batch_map``: with ragged batching (the default; each scheduler) and
 without (``ragged=False``: only values of equal shapes batch). Losses are checked against the
-loop's before timing. The systems take turns on each batch, so that a shared machine's
-slow spells weigh on all of them alike.
+loop's before timing. The systems take turns round by round (see
+``bench_lazy.time_interleaved``), so that a shared machine's slow spells weigh on all of them
+alike.
 
 - **message passing** over ESOL molecules: per molecule ``h`` ``[atoms, d]`` and its adjacency
   ``A`` ``[atoms, atoms]``; 3 rounds of ``h = relu(self(h) + A @ msg(h))``, a sum readout, a
@@ -220,7 +221,7 @@ def tie_margin(model: Seq2Seq, tokens: list[int], prefix: list[int], a: int, b: 
 
 def time_decoding(model: Seq2Seq, batches: list[list[list[int]]], repeats: int) -> dict[str, Any]:
     """Median seconds to decode a batch greedily (no gradients), one sequence at a time and
-    through batch_map, the systems taking turns on each batch (see ``time_interleaved``).
+    through batch_map, the systems taking turns round by round (see ``time_interleaved``).
     Each row counts the sequences whose float32 tokens differ from one at a time; each such
     difference must start at a near tie of two logits (:data:`TIE`), else it is an error
     (:func:`check_decoding` checks exactness in float64)."""
@@ -231,8 +232,9 @@ def time_decoding(model: Seq2Seq, batches: list[list[list[int]]], repeats: int) 
     syncs: dict[str, list[int]] = {system: [] for system in systems}
     differ = dict.fromkeys(systems, 0)
     for i in range(repeats + 1):  # the first round warms up
-        for batch, tokens in zip(batches, want, strict=True):
-            for system in systems:
+        turn = i % len(systems)
+        for system in systems[turn:] + systems[:turn]:
+            for batch, tokens in zip(batches, want, strict=True):
                 start = time.perf_counter()
                 with torch.no_grad():
                     if system == "one at a time":
