@@ -382,6 +382,25 @@ def test_a_graph_with_as_many_atoms_as_features_takes_the_cached_call(scheduler:
     assert any(m.startswith("MessagePassing: ") for m in stats.module_misses)
 
 
+def test_adjacency_calls_under_no_grad_in_some_instances_equal_eager() -> None:
+    """The short path keys the grad mode as the slow one does: calls made under ``no_grad``
+    neither take the trace recorded with gradients nor give gradients."""
+    model = MessagePassing().double()
+    gen = torch.Generator().manual_seed(8)
+    graphs = [
+        (x, (torch.rand(len(x), len(x), dtype=torch.float64, generator=gen) > 0.5).double(), i % 3)
+        for i, x in enumerate(_sequences(dim=8, seed=8, lengths=[*LENGTHS, 8, 3, 8]))
+    ]
+
+    def fn(g: Any) -> torch.Tensor:
+        with torch.set_grad_enabled(g[2] != 1):
+            return model(torch.as_tensor(g[0]), torch.as_tensor(g[1]))
+
+    got, _ = bf.batch_map(fn, graphs, return_stats=True)
+    assert [o.requires_grad for o in got] == [g[2] != 1 for g in graphs]
+    _check(model, fn, graphs)
+
+
 class Degrees(MessagePassing):
     """Also reads the adjacency's row sums: an op on [L, L] other than the product."""
 

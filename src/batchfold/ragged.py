@@ -43,6 +43,7 @@ __all__ = [
     "member_pattern",
     "ragged_meta",
     "run_family",
+    "square_meta",
 ]
 
 
@@ -109,6 +110,11 @@ def ragged_meta(meta: TensorMeta) -> RaggedMeta:
     return found
 
 
+def square_meta(meta: TensorMeta) -> tuple[str, Any, Any]:
+    """A ``[L, L]`` input's place in a family key: its dtype and device only."""
+    return ("square", meta.dtype, meta.device)
+
+
 def family_key(key: Any, ragged_in: tuple[bool, ...], square: int = -1) -> Any:
     """``key`` with the meta of every ragged input replaced by its :func:`ragged_meta`.
 
@@ -130,7 +136,7 @@ def _replace_metas(
             i = count[0]
             count[0] = i + 1
             if i == square:
-                item = ("square", item.dtype, item.device)
+                item = square_meta(item)
             elif ragged_in[i]:
                 item = ragged_meta(item)
         elif kind is tuple:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from ..graph import TensorMeta
-from ..ragged import family_key, ragged_meta
+from ..ragged import family_key, ragged_meta, square_meta
 from .inference import lazy_metas
 from .kept import kept_keys
 from .lengths import FIXED, SQUARE, guards_hold, rows_flag
@@ -114,7 +114,7 @@ def ragged_hit(
     flat = tuple(ragged_meta(m) for m in metas)  # _key's, every input ragged
     entry = cache.entries.get((*head, flat))
     if square >= 0 and (entry is None or entry.macro is None):  # else the rows call, as there
-        adjacency = ("square", metas[square].dtype, metas[square].device)
+        adjacency = square_meta(metas[square])
         flat = tuple(adjacency if i == square else r for i, r in enumerate(flat))
         entry = cache.entries.get((*head, flat))
     lengths = (length,)
