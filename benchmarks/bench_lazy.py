@@ -26,7 +26,7 @@ import argparse
 import random
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -147,6 +147,15 @@ def time_training(
     return time_interleaved(model, {"system": loss}, batches, repeats)["system"]
 
 
+def turns(names: Sequence[str], repeats: int) -> Iterator[tuple[int, str]]:
+    """``(round, name)`` for ``repeats + 1`` rounds (round 0 warms up), every name once a
+    round, in an order that rotates from round to round."""
+    for i in range(repeats + 1):
+        turn = i % len(names)
+        for name in [*names[turn:], *names[:turn]]:
+            yield i, name
+
+
 def time_interleaved(
     model: nn.Module, systems: dict[str, Loss], batches: list[list[Any]], repeats: int
 ) -> dict[str, dict[str, Any]]:
@@ -159,20 +168,18 @@ def time_interleaved(
     names = list(systems)
     times: dict[str, list[float]] = {name: [] for name in names}
     splits: dict[str, list[tuple[float, float, float, int]]] = {name: [] for name in names}
-    for i in range(repeats + 1):
-        turn = i % len(names)
-        for name in names[turn:] + names[:turn]:
-            for batch in batches:
-                start = time.perf_counter()
-                value, stats = systems[name](batch)
-                optimizer.zero_grad()
-                value.backward()
-                optimizer.step()
-                if i:
-                    times[name].append(time.perf_counter() - start)
-                    if stats is not None:
-                        split = (stats.record_s, stats.schedule_s, stats.execute_s, stats.steps)
-                        splits[name].append(split)
+    for i, name in turns(names, repeats):
+        for batch in batches:
+            start = time.perf_counter()
+            value, stats = systems[name](batch)
+            optimizer.zero_grad()
+            value.backward()
+            optimizer.step()
+            if i:
+                times[name].append(time.perf_counter() - start)
+                if stats is not None:
+                    split = (stats.record_s, stats.schedule_s, stats.execute_s, stats.steps)
+                    splits[name].append(split)
     rows = {}
     for name in names:
         row: dict[str, Any] = {"median_s": statistics.median(times[name]), "runs": len(times[name])}

@@ -44,7 +44,7 @@ from torch import nn
 
 import batchfold as bf
 from batchfold.models.attention import AttentionClassifier
-from bench_lazy import check, time_interleaved
+from bench_lazy import check, time_interleaved, turns
 from machine import describe_machine, markdown_table, write_results
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -231,37 +231,35 @@ def time_decoding(model: Seq2Seq, batches: list[list[list[int]]], repeats: int) 
     times: dict[str, list[float]] = {system: [] for system in systems}
     syncs: dict[str, list[int]] = {system: [] for system in systems}
     differ = dict.fromkeys(systems, 0)
-    for i in range(repeats + 1):  # the first round warms up
-        turn = i % len(systems)
-        for system in systems[turn:] + systems[:turn]:
-            for batch, tokens in zip(batches, want, strict=True):
-                start = time.perf_counter()
-                with torch.no_grad():
-                    if system == "one at a time":
-                        got = [model.decode(x)[0] for x in batch]
-                    else:
-                        outs, stats = bf.batch_map(
-                            model.decode,
-                            batch,
-                            scheduler=system.split()[-1],  # type: ignore[arg-type]
-                            return_stats=True,
-                        )
-                        got = [o[0] for o in outs]
-                        syncs[system].append(stats.syncs)
-                if i:
-                    times[system].append(time.perf_counter() - start)
+    for i, system in turns(systems, repeats):  # round 0 warms up
+        for batch, tokens in zip(batches, want, strict=True):
+            start = time.perf_counter()
+            with torch.no_grad():
+                if system == "one at a time":
+                    got = [model.decode(x)[0] for x in batch]
+                else:
+                    outs, stats = bf.batch_map(
+                        model.decode,
+                        batch,
+                        scheduler=system.split()[-1],  # type: ignore[arg-type]
+                        return_stats=True,
+                    )
+                    got = [o[0] for o in outs]
+                    syncs[system].append(stats.syncs)
+            if i:
+                times[system].append(time.perf_counter() - start)
+                continue
+            for x, g, w in zip(batch, got, tokens, strict=True):
+                if g == w:
                     continue
-                for x, g, w in zip(batch, got, tokens, strict=True):
-                    if g == w:
-                        continue
-                    k = next(k for k, (p, q) in enumerate(zip(g, w, strict=False)) if p != q)
-                    margin = tie_margin(model, x, w[:k], w[k], g[k])
-                    if margin > TIE:
-                        raise RuntimeError(
-                            f"{system} decoded other tokens than one at a time for {x}: "
-                            f"step {k}, logits {margin:.2e} apart (not a float32 tie)"
-                        )
-                    differ[system] += 1
+                k = next(k for k, (p, q) in enumerate(zip(g, w, strict=False)) if p != q)
+                margin = tie_margin(model, x, w[:k], w[k], g[k])
+                if margin > TIE:
+                    raise RuntimeError(
+                        f"{system} decoded other tokens than one at a time for {x}: "
+                        f"step {k}, logits {margin:.2e} apart (not a float32 tie)"
+                    )
+                differ[system] += 1
     return {
         system: {
             "median_s": statistics.median(times[system]),
