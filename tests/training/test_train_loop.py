@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from batchfold import cli
 from batchfold.training import loop
 from batchfold.training.checkpoint import save_checkpoint
+from batchfold.training.optim import make_average
 from batchfold.training.sst import METRICS
 
 
@@ -273,3 +274,17 @@ def test_ema_evaluates_keeps_and_resumes_the_moving_average(tmp_path: Path) -> N
         assert all(torch.equal(state[key][k], again[key][k]) for k in state[key]), key
     with pytest.raises(loop.ConfigError, match=r"--ema must be in \[0, 1\), got 1.0"):
         loop.train(LinearTask(), linear_args(tmp_path / "bad", "--ema", "1"))
+
+
+def test_ema_averages_floating_weights_and_keeps_counts() -> None:
+    model = nn.BatchNorm1d(3)  # weights and running stats are floats; the batch count is not
+    average = make_average(model, 0.5)
+    assert average is not None
+    for step in range(3):
+        model(torch.full((4, 3), float(step)) + torch.arange(4.0)[:, None])
+        model.weight.data.fill_(2.0 * step)
+        average.update_parameters(model)
+    kept = average.module
+    assert kept.num_batches_tracked.item() == model.num_batches_tracked.item() == 3
+    torch.testing.assert_close(kept.weight, torch.full((3,), 0.25 * 0 + 0.25 * 2 + 0.5 * 4))
+    assert not torch.equal(kept.running_mean, model.running_mean)

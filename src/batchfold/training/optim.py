@@ -11,11 +11,12 @@ function of the epoch alone, so a resumed run gets exactly the rates it would ha
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch import nn
-from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+from torch import Tensor, nn
+from torch.optim.swa_utils import AveragedModel
 
 from batchfold.errors import ConfigError
 from batchfold.training.arguments import DEFAULT_LR, LR_SCHEDULES
@@ -113,9 +114,11 @@ def set_epoch_lr(
 def make_average(model: nn.Module, decay: float) -> AveragedModel | None:
     """An exponential moving average of ``model``'s weights and buffers, or ``None`` for 0.
 
-    After each optimizer step, ``average.update_parameters(model)`` moves every averaged
-    weight by ``1 - decay`` toward the model's (the first update copies them);
-    ``average.module`` is a model of the same class that holds the average.
+    After each optimizer step, ``average.update_parameters(model)`` moves every floating
+    weight and buffer by ``1 - decay`` toward the model's (the first update copies them);
+    buffers of other dtypes (BatchNorm's count of batches) are the model's own, not an
+    average truncated to an integer. ``average.module`` is a model of the same class that
+    holds the average.
 
     Arguments:
         model: the model being trained.
@@ -137,4 +140,18 @@ def make_average(model: nn.Module, decay: float) -> AveragedModel | None:
         raise ConfigError(f"--ema must be in [0, 1), got {decay}")
     if decay == 0.0:
         return None
-    return AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
+    return AveragedModel(model, multi_avg_fn=_ema_update(decay), use_buffers=True)
+
+
+def _ema_update(decay: float) -> Callable[[Sequence[Tensor], Sequence[Tensor], Any], None]:
+    """``AveragedModel``'s update of tensors of one device and dtype (it groups them so)."""
+
+    @torch.no_grad()
+    def update(averaged: Sequence[Tensor], current: Sequence[Tensor], _: Any) -> None:
+        if averaged[0].is_floating_point() or averaged[0].is_complex():
+            torch._foreach_lerp_(list(averaged), list(current), 1 - decay)
+        else:  # a count, say: the model's own
+            for a, c in zip(averaged, current, strict=True):
+                a.copy_(c)
+
+    return update
