@@ -105,7 +105,46 @@ def test_a_later_batch_map_replays_the_call_for_graphs_of_equal_and_new_sizes() 
     stats = _check(model, _graphs([(4, 6), (4, 6), (4, 6)], seed=1))
     assert stats.module_calls_cached == 3
     stats = _check(model, _graphs([(2, 0), (9, 3), (1, 4), (8, 30)], seed=2))
-    assert stats.module_calls_cached == 3  # (2, 0): an empty length, recorded op by op
+    assert stats.module_calls_cached == 4  # (2, 0) too: no edges, a sum of none is zeros
+    assert not stats.module_misses
+
+
+@pytest.mark.parametrize("scheduler", ["agenda", "depth"])
+def test_graphs_without_edges_take_the_cached_call(scheduler: Scheduler) -> None:
+    torch.manual_seed(3)
+    model = EdgeLayer().double()
+    sizes = [(3, 5), (1, 2), (2, 0), (4, 6), (1, 0), (5, 0), (2, 0)]
+    stats = _check(model, _graphs(sizes, seed=4), scheduler)
+    assert stats.module_calls_cached == len(sizes) - 2 and not stats.module_misses
+    # a batch of edgeless graphs only: one step of equal lengths, (2, 0) twice, and (1, 0)
+    stats = _check(model, _graphs([(2, 0), (2, 0), (1, 0)], seed=5), scheduler)
+    assert stats.module_calls_cached == 3 and stats.module_calls_traced == 0
+
+
+class EdgeMax(nn.Module):
+    """The largest edge state: a maximum over the edges, which eager PyTorch refuses for none."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.node = nn.Linear(3, 2)
+        self.edge = nn.Linear(2, 2)
+
+    def forward(self, nodes: torch.Tensor, edges: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+        return self.node(nodes).sum(0) + self.edge(edges).amax(0)
+
+
+def test_a_graph_without_edges_is_not_replayed_where_eager_refuses_it() -> None:
+    torch.manual_seed(0)
+    model = EdgeMax().double()
+    fn = lambda g: model(*(torch.as_tensor(x) for x in g))  # noqa: E731
+    _check(model, _graphs(SIZES))  # confirmed
+    graphs = _graphs([(3, 2), (2, 0)], seed=6)
+    with pytest.raises(IndexError, match="non-zero size"):
+        fn(graphs[1])
+    with pytest.raises(bf.ShapeError, match=r"amax .*zero-size(.|\n)*instance 1 of batch_map"):
+        bf.batch_map(fn, graphs)
+    # where no graph lacks edges, the call is cached as before
+    assert _check(model, _graphs([(3, 2), (2, 1)], seed=6)).module_calls_cached == 2
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -86,6 +86,17 @@ def test_batch_map_equals_eager(options: dict[str, Any]):
     assert_same_values_and_gradients(weave, lazy(weave, batch), eager(weave, batch))
 
 
+def test_molecules_without_pairs_take_the_cached_call():
+    # methane and water have one atom and no pair; a sum over no pairs is zeros, as eagerly
+    weave = model(seed=3)
+    batch = [featurize(s) for s in ["CCO", "c1ccccc1O", "C", "ClC(Cl)Cl", "O", "C"]]
+    assert [len(m.pair_features) for m in batch] == [6, 42, 0, 12, 0, 0]
+    got, stats = bf.batch_map(lambda m: weave_predict(weave, m), batch, return_stats=True)
+    assert not stats.module_misses
+    assert stats.module_calls_cached == len(batch) - 2  # the first two confirm the call
+    assert_same_values_and_gradients(weave, torch.stack(got), eager(weave, batch))
+
+
 def test_blocks_equal_batch_map():
     weave = model(seed=2)
     batch = molecules(seed=2)

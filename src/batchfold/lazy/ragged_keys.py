@@ -40,7 +40,8 @@ def ragged_key(
 
     The ragged inputs are those of the highest rank; each distinct leading dim among them is
     a length class, numbered in input order (a molecule's atoms, then its pairs). An input
-    ``[L, L]`` of a call of one class is its adjacency. ``None`` when a length is 0.
+    ``[L, L]`` of a call of one class is its adjacency. A length may be 0 (see
+    :func:`~.ragged_macros.takes_empty`); ``None`` when no input has a dim.
     """
     metas: list[TensorMeta] = []
     lazy_metas(args, metas)
@@ -174,8 +175,8 @@ def length_classes(
     metas: tuple[TensorMeta, ...],
 ) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
     """Each input's length class (-1: not ragged) and each class's length: the inputs of the
-    highest rank are ragged, one class per distinct leading dim. ``None`` if a length is 0
-    or no input has a dim."""
+    highest rank are ragged, one class per distinct leading dim (0 included). ``None`` if no
+    input has a dim."""
     rank = max((len(m.shape) for m in metas), default=0)
     if rank == 0:
         return None
@@ -186,8 +187,6 @@ def length_classes(
             classes.append(-1)
             continue
         length = m.shape[0]
-        if length == 0:
-            return None
         if length not in lengths:
             lengths.append(length)
         classes.append(lengths.index(length))

@@ -48,6 +48,15 @@ if TYPE_CHECKING:
 Tensor = torch.Tensor
 ORIGINAL_CALL = nn.Module.__call__
 GUARDED = "a comparison on the length of its ragged inputs answers otherwise: recorded op by op"
+EMPTY_SAFE = frozenset(
+    [
+        *("rows", "elementwise", "mv", "weighted", "blockdiag", "index_rows", "index_add"),
+        *("sum", "sum_all", "softmax", "log_softmax", "cross_entropy_sum"),
+    ]
+)
+"""The ragged kinds whose packed form gives eager's result for an instance of 0 rows (an
+empty output, or zeros for a sum). A maximum of no rows is an error in eager PyTorch, a mean
+is NaN: calls with such ops are recorded op by op for a sequence of 0 rows."""
 
 
 def call_ragged(
@@ -67,7 +76,7 @@ def call_ragged(
     entry = cache.entry_for(key, module)
     name = type(module).__name__
     if entry.macro is not None and not own_hooks(module):
-        if guards_hold(entry.guards, lengths):
+        if guards_hold(entry.guards, lengths) and (0 not in lengths or entry.macro.found.empty_ok):
             cache.hits += 1
             return entry.macro.node(cache.rec, inputs, metas, lengths)
         cache.misses[f"{name}: {GUARDED}"] += 1
@@ -77,11 +86,14 @@ def call_ragged(
         return ORIGINAL_CALL(module, *args, **kwargs)
     if entry.ragged is None and (earlier := kept(key, module)) is not None:
         found, guards, traced = earlier  # confirmed by an earlier batch_map
-        if guards_hold(guards, lengths):
+        if guards_hold(guards, lengths) and (0 not in lengths or found.empty_ok):
             entry.ragged, entry.length, entry.guards = found, traced, guards
             entry.macro = _kept_macro(cache.rec, key, found, module, (args, kwargs), flags)
             cache.hits += 1
             return entry.macro.node(cache.rec, inputs, metas, lengths)
+    if 0 in lengths:  # never traced at 0 rows (see takes_empty)
+        cache.misses[f"{name}: {EMPTY}"] += 1
+        return ORIGINAL_CALL(module, *args, **kwargs)
     trace, result = cache.trace_call(module, args, kwargs, inputs, lengths, flags)
     cache.note_reads(entry, trace)
     found: Any = trace.finish(result, cache.rec.store.fallbacks)
@@ -102,6 +114,23 @@ def call_ragged(
     return result
 
 
+EMPTY = "takes a sequence of 0 rows, and no confirmed trace that gives eager's result for it"
+
+
+def takes_empty(cache: ModuleCache, key: Any, module: nn.Module) -> bool:
+    """Whether a call of ``key`` with a length of 0 may be one node: its trace was confirmed
+    (in this run or an earlier one) on other lengths, and every ragged op in it gives eager's
+    result on 0 rows (:data:`EMPTY_SAFE`). Calls at 0 rows are never traced: a trace there
+    could not tell a reduction over the rows from one over nothing."""
+    entry = cache.entries.get(key)
+    if entry is not None and entry.macro is not None:
+        return entry.macro.found.empty_ok
+    if entry is not None and (entry.ragged is not None or entry.reason is not None):
+        return False
+    earlier = kept(key, module)
+    return earlier is not None and earlier[0].empty_ok
+
+
 class RaggedTemplate(Template):
     """A traced call's ops, which of them run on packed rows, and which outputs are ragged.
 
@@ -120,6 +149,11 @@ class RaggedTemplate(Template):
         super().__init__(found.ops, found.outputs, found.structure, found.fallbacks)
         self.op_ragged, self.ragged_out = op_ragged, ragged_out
         self.class_input = class_input
+        self.empty_ok = all(
+            ragged is None or (op.family is not None and op.family.kind in EMPTY_SAFE)
+            for (op, _, _), ragged in zip(found.ops, op_ragged, strict=True)
+        )
+        """Whether a call with a length of 0 may replay it (see :func:`takes_empty`)."""
 
     def same_as(self, other: Template) -> bool:
         """Whether two traces (of any lengths) recorded the same ops on the same values."""
