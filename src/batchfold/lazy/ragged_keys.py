@@ -93,40 +93,47 @@ def ragged_hit(
     cache: ModuleCache, module: nn.Module, metas: list[TensorMeta], inputs: list[int], mode: int
 ) -> Any:
     """The common ragged call on a fast path: positional lazy arguments of one rank (2 or
-    more) and one leading length, at most one of them ``[L, L]`` (a graph's adjacency), and a
-    confirmed macro whose guards hold. Its lazy result; :data:`BY_SHAPE` for a call of the
-    one length its module was traced at (keyed by shape, as :meth:`ModuleCache.call` does
-    then); or ``None`` (then :func:`ragged_key` and :func:`call_ragged`). The key is the one
-    :func:`ragged_key` makes for such a call; ``mode`` is :func:`grad_mode`'s."""
-    shape = metas[0].shape
-    rank, length = len(shape), shape[0] if shape else 0
-    if rank < 2 or length == 0:
+    more) whose leading lengths are its length classes (a sequence's one, or a molecule's
+    atoms and pairs), at most one ``[L, L]`` input (a graph's adjacency) in a call of one
+    length, and a confirmed macro whose guards hold. Its lazy result; :data:`BY_SHAPE` for a
+    call of the lengths its module was traced at (keyed by shape, as :meth:`ModuleCache.call`
+    does then); or ``None`` (then :func:`ragged_key` and :func:`call_ragged`). The key is the
+    one :func:`ragged_key` makes for such a call; ``mode`` is :func:`grad_mode`'s."""
+    rank = len(metas[0].shape)
+    if rank < 2:
         return None
-    square = -1
+    lengths: list[int] = []
+    classes = []
+    squares = []
     for i, m in enumerate(metas):
         s = m.shape
-        if len(s) != rank or s[0] != length:
-            return None
-        if rank == 2 and s[1] == length:
-            if square >= 0:
-                return None  # several [L, L]: which is the adjacency is ragged_key's to say
-            square = i
-    head = _head(module, mode, (0,) * len(metas))
+        if len(s) != rank or s[0] == 0:
+            return None  # inputs not ragged, or of 0 rows: ragged_key's to say
+        if s[0] in lengths:
+            classes.append(lengths.index(s[0]))
+        else:
+            classes.append(len(lengths))
+            lengths.append(s[0])
+        if rank == 2 and s[1] == s[0]:
+            squares.append(i)
+    square = squares[0] if len(lengths) == 1 and squares else -1  # one length: an adjacency
+    if square >= 0 and len(squares) > 1:
+        return None  # several [L, L]: which is the adjacency is ragged_key's to say
+    head = _head(module, mode, tuple(classes))
     flat = tuple(ragged_meta(m) for m in metas)  # _key's, every input ragged
     entry = cache.entries.get((*head, flat))
-    if square >= 0 and (entry is None or entry.macro is None):  # else the rows call, as there
-        adjacency = square_meta(metas[square])
+    if square >= 0 and (entry is None or entry.macro is None):
+        adjacency = square_meta(metas[square])  # else the rows call, as in ragged_key
         flat = tuple(adjacency if i == square else r for i, r in enumerate(flat))
         entry = cache.entries.get((*head, flat))
-    lengths = (length,)
     if entry is None:
         return None
     if entry.macro is None:
-        return BY_SHAPE if by_shape(entry, lengths, True) else None
-    if own_hooks(module) or not guards_hold(entry.guards, lengths):
+        return BY_SHAPE if by_shape(entry, tuple(lengths), True) else None
+    if own_hooks(module) or not guards_hold(entry.guards, tuple(lengths)):
         return None
     cache.hits += 1
-    return entry.macro.node(cache.rec, inputs, tuple(metas), lengths)
+    return entry.macro.node(cache.rec, inputs, tuple(metas), tuple(lengths))
 
 
 def by_shape(entry: _Entry | None, lengths: tuple[int, ...], rows: bool) -> bool:
