@@ -97,6 +97,18 @@ def test_molecules_without_pairs_take_the_cached_call():
     assert_same_values_and_gradients(weave, torch.stack(got), eager(weave, batch))
 
 
+def test_dropout_draws_per_molecule_in_training_only():
+    weave = model(seed=4, dropout=0.5)
+    assert isinstance(model(seed=4).dropout, torch.nn.Identity)
+    batch = [featurize("c1ccccc1O")] * 4 + [featurize("CCO")]
+    weave.eval()
+    assert_same_values_and_gradients(weave, lazy(weave, batch), eager(weave, batch))
+    weave.train()
+    torch.manual_seed(0)
+    got = lazy(weave, batch)
+    assert len({tuple(row.tolist()) for row in got[:4]}) > 1  # one molecule, other masks
+
+
 def test_blocks_equal_batch_map():
     weave = model(seed=2)
     batch = molecules(seed=2)

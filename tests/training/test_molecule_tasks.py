@@ -17,6 +17,7 @@ from batchfold.data.molecules import ESOL_TARGET, TOX21_TASKS
 from batchfold.training import loop
 from batchfold.training.esol import ESOLTask, regression_metrics
 from batchfold.training.molecules import MoleculeTask
+from batchfold.training.run_folder import as_saved
 from batchfold.training.tox21 import Tox21Task, masked_bce, mean_roc_auc, roc_auc
 
 SMILES = [
@@ -176,6 +177,20 @@ def test_a_tiny_run_through_the_command_line(task, writer, extra, tmp_path: Path
         assert summary["best_epoch"] == best["epoch"]
         assert loop.load_checkpoint(out / "best.pt")["epoch"] == best["epoch"]
         assert cli.main(["eval", task, "--checkpoint", str(out / "best.pt"), "--split", "dev"]) == 0
+
+
+def test_dropout_is_saved_and_runs_saved_before_it_had_none(tmp_path: Path):
+    out = tmp_path / "run"
+    argv = ["train", "esol", "--data", str(write_esol(tmp_path)), "--epochs", "1"]
+    argv += ["--atom-dim", "6", "--pair-dim", "5", "--gather-dim", "4", "--hidden", "4"]
+    argv += ["--threads", "1", "--out", str(out), "--dropout", "0.5"]
+    assert cli.main(argv) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["dropout"] == 0.5
+    assert loop.load_checkpoint(out / "last.pt")["config"]["dropout"] == 0.5
+    older = {k: v for k, v in config.items() if k != "dropout"}
+    assert as_saved(older)["dropout"] == 0.0 and as_saved(config)["dropout"] == 0.5
+    assert cli.main(["eval", "esol", "--checkpoint", str(out / "last.pt"), "--split", "dev"]) == 0
 
 
 def test_missing_data_says_where_to_get_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]):

@@ -208,6 +208,8 @@ class WeaveModel(nn.Module):
         hidden: the size of the MLP's hidden layer.
         gather: ``"sum"`` (sum the atoms) or ``"gaussian"`` (sum their fuzzy histograms,
             ``11 * gather_dim`` features).
+        dropout: dropout after the MLP's hidden layer while training (DeepChem's Weave
+            model uses 0.25 in its dense layers); 0 leaves it out.
         atom_features: the size of the input atom features.
         pair_features: the size of the input pair features.
 
@@ -229,6 +231,7 @@ class WeaveModel(nn.Module):
         gather: str = "sum",
         atom_features: int = ATOM_FEATURES,
         pair_features: int = PAIR_FEATURES,
+        dropout: float = 0.0,
     ) -> None:
         super().__init__()
         if n_modules < 1:
@@ -245,6 +248,7 @@ class WeaveModel(nn.Module):
         self.atom_readout = nn.Linear(atom_dim, gather_dim)
         molecule_dim = gather_dim * (len(GAUSSIAN_MEMBERSHIPS) if gather == "gaussian" else 1)
         self.hidden_layer = nn.Linear(molecule_dim, hidden)
+        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.output = nn.Linear(hidden, n_tasks)
 
     @property
@@ -259,7 +263,7 @@ class WeaveModel(nn.Module):
 
     def head(self, molecule: Tensor) -> Tensor:
         """The prediction from the gathered molecule vector: ``[..., n_tasks]``."""
-        return self.output(torch.relu(self.hidden_layer(molecule)))
+        return self.output(self.dropout(torch.relu(self.hidden_layer(molecule))))
 
     def forward(self, atoms: Tensor, pairs: Tensor, pair_index: Tensor) -> Tensor:
         """The prediction for one molecule from its whole feature tensors.

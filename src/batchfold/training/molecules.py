@@ -106,6 +106,12 @@ def add_molecule_arguments(parser: argparse.ArgumentParser, title: str, data_hel
         "--hidden", type=int, default=128, help="the prediction MLP's hidden size (default: 128)"
     )
     group.add_argument(
+        "--dropout",
+        type=float,
+        default=0.0,
+        help="dropout after the MLP's hidden layer (default: %(default)s)",
+    )
+    group.add_argument(
         "--eval-batch-size",
         type=int,
         default=256,
@@ -206,7 +212,14 @@ class MoleculeTask(abc.ABC):
         """A freshly initialised :class:`WeaveModel` of the configured sizes."""
         a = self.args
         return WeaveModel(
-            self.n_tasks, a.atom_dim, a.pair_dim, a.weave_modules, a.gather_dim, a.hidden, a.gather
+            self.n_tasks,
+            a.atom_dim,
+            a.pair_dim,
+            a.weave_modules,
+            a.gather_dim,
+            a.hidden,
+            a.gather,
+            dropout=a.dropout,
         )
 
     def param_groups(self, model: nn.Module, lr: float) -> list[dict[str, Any]]:
