@@ -16,7 +16,7 @@ from torch import nn
 
 import batchfold as bf
 from batchfold.lazy import macros
-from batchfold.lazy.kept import forget
+from batchfold.lazy.kept import forget, kept, kept_keys
 from batchfold.schedule import Scheduler
 
 Graph = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # nodes [n, 3], edges [m, 2], ends [m, 2]
@@ -128,6 +128,25 @@ def test_the_fast_path_of_calls_on_nodes_and_edges_makes_the_plan_of_the_slow_on
     slow = _check(model, graphs, scheduler)
     assert plan(with_fast) == plan(slow)
     assert with_fast.module_calls_cached == slow.module_calls_cached == len(graphs) - 2
+
+
+def test_a_replay_drops_each_value_after_its_last_reader_and_keeps_the_outputs() -> None:
+    forget()
+    torch.manual_seed(5)
+    model = EdgeLayer().double()
+    _check(model, _graphs(SIZES, seed=8))
+    (key,) = kept_keys(model)
+    template = kept(key, model)[0]
+    release = template._release()
+    outputs = {j for _, j, _ in template.outputs}
+    dropped = [j for done in release for j in done]
+    assert len(dropped) == len(set(dropped)) and not outputs & set(dropped)
+    assert len(dropped) + len(outputs) == len(template.ops)  # every other value is dropped
+    for k, done in enumerate(release):
+        for j in done:  # never read after op k
+            assert j <= k and all(
+                r[0] == 0 or r[1] != j for _, refs, _ in template.ops[k + 1 :] for r in refs
+            )
 
 
 def test_a_later_batch_map_replays_the_call_for_graphs_of_equal_and_new_sizes() -> None:
