@@ -137,7 +137,7 @@ def test_a_replay_drops_each_value_after_its_last_reader_and_keeps_the_outputs()
     _check(model, _graphs(SIZES, seed=8))
     (key,) = kept_keys(model)
     template = kept(key, model)[0]
-    release = template._release()
+    release = template.dropped_after()
     outputs = {j for _, j, _ in template.outputs}
     dropped = [j for done in release for j in done]
     assert len(dropped) == len(set(dropped)) and not outputs & set(dropped)

@@ -172,7 +172,7 @@ class RaggedTemplate(Template):
         n = len(lengths)
         of_class = [lengths, *(sizes[i] for i in self.class_input[1:])]
         values: list[tuple[Tensor, ...] | None] = []
-        release = self._release()
+        release = self.dropped_after()
         for (op, refs, payload), ragged, done in zip(
             self.ops, self.op_ragged, release, strict=True
         ):
@@ -188,26 +188,6 @@ class RaggedTemplate(Template):
             for j in done:
                 values[j] = None
         return tuple(values[j][o] for _, j, o in self.outputs)  # type: ignore[index]
-
-    def _release(self) -> list[tuple[int, ...]]:
-        """After each op, the earlier ops whose values no later op reads and the call does not
-        return: dropped then, so that a replay over many rows holds only the values still to
-        be read (their memory is reused by the next ops instead of new pages touched)."""
-        found = getattr(self, "_released", None)
-        if found is None:
-            last = {j: len(self.ops) for _, j, _ in self.outputs}  # kept to the end
-            for k, (_, refs, _) in enumerate(self.ops):
-                for r in refs:
-                    if r[0] != 0 and last.get(r[1], -1) < k:
-                        last[r[1]] = k
-            found = [[] for _ in self.ops]
-            for j in range(len(self.ops)):
-                k = last.get(j, j)  # read by none: dropped right away
-                if k < len(self.ops):
-                    found[k].append(j)
-            found = [tuple(x) for x in found]
-            self._released = found
-        return found
 
 
 def ragged_template(
