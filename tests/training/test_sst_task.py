@@ -210,6 +210,8 @@ def test_word_vectors_and_their_learning_rate(
     assert embedding_group["lr"] == pytest.approx(0.05) and rest_group["lr"] == 0.2
     assert embedding_group["params"] == [model.embedding.weight]
     assert len(rest_group["params"]) == len(list(model.parameters())) - 1
+    # --weight-decay regularises every weight but the word vectors, as Tai et al.
+    assert embedding_group["weight_decay"] == 0.0 and "weight_decay" not in rest_group
 
 
 def test_random_word_vectors_without_glove(tiny_sst: TinySST) -> None:

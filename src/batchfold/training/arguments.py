@@ -66,7 +66,8 @@ def add_arguments(parser: argparse.ArgumentParser, task_name: str) -> None:
         "--weight-decay",
         type=float,
         default=0.0,
-        help="L2 penalty on every weight, added to the gradients (default: %(default)s)",
+        help="L2 penalty on the weights (for sst, all but the word vectors), added to the "
+        "gradients (default: %(default)s)",
     )
     group.add_argument(
         "--ema",

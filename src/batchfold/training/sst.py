@@ -327,12 +327,15 @@ class SSTTask:
         return model
 
     def param_groups(self, model: nn.Module, lr: float) -> list[dict[str, Any]]:
-        """The word vectors at ``lr * --embed-lr-scale``, every other parameter at ``lr``."""
+        """The word vectors at ``lr * --embed-lr-scale`` and without ``--weight-decay`` (as Tai
+        et al. regularise the other weights only: a penalty on every word vector at every step
+        would pull the GloVe vectors of words a batch does not hold towards zero), every other
+        parameter at ``lr``."""
         model = _sentiment_model(model)
         embedding = list(model.embedding.parameters())
         rest = [p for name, p in model.named_parameters() if not name.startswith("embedding.")]
         return [
-            {"params": embedding, "lr": lr * self.args.embed_lr_scale},
+            {"params": embedding, "lr": lr * self.args.embed_lr_scale, "weight_decay": 0.0},
             {"params": rest, "lr": lr},
         ]
 
