@@ -8,16 +8,15 @@ schedulers, random sizes including 1 and 0.
 from __future__ import annotations
 
 import random
-from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
 import batchfold as bf
-from batchfold.lazy import macros
 from batchfold.lazy.kept import forget, kept, kept_keys
 from batchfold.schedule import Scheduler
+from fast_path import count_fast_path, no_fast_path, plan_steps
 
 Graph = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # nodes [n, 3], edges [m, 2], ends [m, 2]
 
@@ -108,25 +107,13 @@ def test_the_fast_path_of_calls_on_nodes_and_edges_makes_the_plan_of_the_slow_on
     torch.manual_seed(4)
     model = EdgeLayer().double()
     graphs = _graphs([*SIZES, (2, 2), (4, 0), (3, 3), (6, 4), (1, 1)], seed=7)
-    taken = []
-    fast = macros.ragged_hit
-
-    def counted(*args: Any) -> Any:
-        found = fast(*args)
-        taken.append(found is not None)
-        return found
-
-    def plan(stats: bf.Stats) -> list[tuple[str, int]]:
-        assert stats.plan is not None
-        return [(s.sig.name, len(s.nodes)) for s in stats.plan.steps]
-
-    monkeypatch.setattr(macros, "ragged_hit", counted)
+    taken = count_fast_path(monkeypatch)
     with_fast = _check(model, graphs, scheduler)
     assert sum(taken) >= len(SIZES) - 2, taken  # the calls of distinct lengths after the first two
     forget()
-    monkeypatch.setattr(macros, "ragged_hit", lambda *args: None)
+    no_fast_path(monkeypatch)
     slow = _check(model, graphs, scheduler)
-    assert plan(with_fast) == plan(slow)
+    assert plan_steps(with_fast) == plan_steps(slow)
     assert with_fast.module_calls_cached == slow.module_calls_cached == len(graphs) - 2
 
 

@@ -15,10 +15,10 @@ import torch.nn.functional as F
 from torch import nn
 
 import batchfold as bf
-from batchfold.lazy import macros
 from batchfold.lazy.kept import forget
 from batchfold.models.attention import AttentionClassifier
 from batchfold.schedule import Scheduler
+from fast_path import count_fast_path, no_fast_path, plan_steps
 
 LENGTHS = [3, 1, 5, 3, 2, 7, 1, 4, 6, 2]
 
@@ -114,18 +114,6 @@ def test_the_fast_path_of_ragged_calls_makes_the_plan_of_the_slow_one(
     scheduler: Scheduler, lengths: list[int], graphs: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     forget()
-    taken = []
-    fast = macros.ragged_hit
-
-    def counted(*args: Any) -> Any:
-        found = fast(*args)
-        taken.append(found is not None)
-        return found
-
-    def plan(stats: bf.Stats) -> list[tuple[str, int]]:
-        assert stats.plan is not None
-        return [(s.sig.name, len(s.nodes)) for s in stats.plan.steps]
-
     if graphs:  # x [L, 8] and its adjacency [L, L], some of them [8, 8] both
         model: nn.Module = MessagePassing().double()
         name = "MessagePassing"
@@ -146,13 +134,13 @@ def test_the_fast_path_of_ragged_calls_makes_the_plan_of_the_slow_one(
             rows, pooled = model(torch.as_tensor(g))
             return rows.sum(0) + pooled
 
-    monkeypatch.setattr(macros, "ragged_hit", counted)
+    taken = count_fast_path(monkeypatch)
     with_fast = _check(model, fn, xs, scheduler)
     assert any(taken)
     forget()
-    monkeypatch.setattr(macros, "ragged_hit", lambda *args: None)
+    no_fast_path(monkeypatch)
     slow = _check(model, fn, xs, scheduler)
-    assert plan(with_fast) == plan(slow) and _nodes(slow, name) > 0
+    assert plan_steps(with_fast) == plan_steps(slow) and _nodes(slow, name) > 0
     assert with_fast.module_calls_cached == slow.module_calls_cached
 
 
