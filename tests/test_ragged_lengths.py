@@ -160,6 +160,34 @@ def test_graphs_without_edges_take_the_cached_call(scheduler: Scheduler) -> None
     assert stats.module_calls_cached == 3 and stats.module_calls_traced == 0
 
 
+class EdgeTotal(nn.Module):
+    """A sum over every element of the edge states: ``x.sum()``, of none for a graph without edges."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.node = nn.Linear(3, 2)
+        self.edge = nn.Linear(2, 2)
+
+    def forward(self, nodes: torch.Tensor, edges: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+        return self.node(nodes).sum(0) + self.edge(edges).sum()
+
+
+@pytest.mark.parametrize("scheduler", ["agenda", "depth"])
+def test_a_step_of_graphs_without_edges_only_sums_none(scheduler: Scheduler) -> None:
+    forget()
+    torch.manual_seed(6)
+    model = EdgeTotal().double()
+    # the first two calls confirm the trace (op by op); the cached step holds no edge at all
+    stats = _check(model, _graphs([(3, 5), (1, 2), (2, 0), (4, 0)], seed=9), scheduler)
+    assert stats.module_calls_cached == 2
+    # a later call: graphs without edges only, of two lengths and then of one (its uniform rule)
+    assert (
+        _check(model, _graphs([(2, 0), (4, 0), (2, 0)], seed=10), scheduler).module_calls_cached
+        == 3
+    )
+    assert _check(model, _graphs([(2, 0), (2, 0)], seed=11), scheduler).module_calls_cached == 2
+
+
 class EdgeMax(nn.Module):
     """The largest edge state: a maximum over the edges, which eager PyTorch refuses for none."""
 

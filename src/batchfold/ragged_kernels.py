@@ -193,7 +193,7 @@ def _segment_max(x: Tensor, segment: Tensor, n: int) -> Tensor:
 def _segment_reduce(kind: str, x: Tensor, segment: Tensor, lengths: np.ndarray) -> Tensor:
     n = len(lengths)
     if kind == "sum_all" or kind == "mean_all":
-        per_row = x.reshape(len(x), -1).sum(1)
+        per_row = x.reshape(len(x), math.prod(x.shape[1:])).sum(1)  # -1 fails on 0 rows
         total = _segment_sum(per_row, segment, n)
         if kind == "sum_all":
             return total
