@@ -8,6 +8,7 @@ schedulers, random sizes including 1 and 0.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from torch import nn
 
 import batchfold as bf
 from batchfold.lazy.kept import forget, kept, kept_keys
+from batchfold.lazy.ragged_macros import EMPTY
 from batchfold.schedule import Scheduler
 from fast_path import count_fast_path, no_fast_path, plan_steps
 
@@ -124,7 +126,7 @@ def test_a_replay_drops_each_value_after_its_last_reader_and_keeps_the_outputs()
     _check(model, _graphs(SIZES, seed=8))
     (key,) = kept_keys(model)
     template = kept(key, model)[0]
-    release = template.dropped_after()
+    release = template.dropped_after
     outputs = {j for _, j, _ in template.outputs}
     dropped = [j for done in release for j in done]
     assert len(dropped) == len(set(dropped)) and not outputs & set(dropped)
@@ -160,49 +162,54 @@ def test_graphs_without_edges_take_the_cached_call(scheduler: Scheduler) -> None
     assert stats.module_calls_cached == 3 and stats.module_calls_traced == 0
 
 
-class EdgeTotal(nn.Module):
-    """A sum over every element of the edge states: ``x.sum()``, of none for a graph without edges."""
+class EdgeReduce(nn.Module):
+    """Node states summed plus the edge states reduced by ``reduce`` (of none for a graph
+    without edges): ``x.sum()`` gives zeros, ``x.amax(0)`` is refused by eager PyTorch and
+    ``x.mean(0)`` is NaN."""
 
-    def __init__(self) -> None:
+    def __init__(self, reduce: Callable[[torch.Tensor], torch.Tensor]) -> None:
         super().__init__()
         self.node = nn.Linear(3, 2)
         self.edge = nn.Linear(2, 2)
+        self.reduce = reduce
 
     def forward(self, nodes: torch.Tensor, edges: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
-        return self.node(nodes).sum(0) + self.edge(edges).sum()
+        return self.node(nodes).sum(0) + self.reduce(self.edge(edges))
 
 
 @pytest.mark.parametrize("scheduler", ["agenda", "depth"])
 def test_a_step_of_graphs_without_edges_only_sums_none(scheduler: Scheduler) -> None:
     forget()
     torch.manual_seed(6)
-    model = EdgeTotal().double()
+    model = EdgeReduce(torch.sum).double()
     # the first two calls confirm the trace (op by op); the cached step holds no edge at all
     stats = _check(model, _graphs([(3, 5), (1, 2), (2, 0), (4, 0)], seed=9), scheduler)
     assert stats.module_calls_cached == 2
     # a later call: graphs without edges only, of two lengths and then of one (its uniform rule)
-    assert (
-        _check(model, _graphs([(2, 0), (4, 0), (2, 0)], seed=10), scheduler).module_calls_cached
-        == 3
-    )
+    stats = _check(model, _graphs([(2, 0), (4, 0), (2, 0)], seed=10), scheduler)
+    assert stats.module_calls_cached == 3
     assert _check(model, _graphs([(2, 0), (2, 0)], seed=11), scheduler).module_calls_cached == 2
 
 
-class EdgeMax(nn.Module):
-    """The largest edge state: a maximum over the edges, which eager PyTorch refuses for none."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.node = nn.Linear(3, 2)
-        self.edge = nn.Linear(2, 2)
-
-    def forward(self, nodes: torch.Tensor, edges: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
-        return self.node(nodes).sum(0) + self.edge(edges).amax(0)
+def test_a_mean_over_no_edges_is_recorded_op_by_op_and_is_nan_as_eagerly() -> None:
+    forget()
+    torch.manual_seed(7)
+    model = EdgeReduce(lambda x: x.mean(0)).double()
+    fn = lambda g: model(*(torch.as_tensor(x) for x in g))  # noqa: E731
+    _check(model, _graphs(SIZES, seed=12))  # confirmed
+    graphs = _graphs([(3, 2), (2, 0), (4, 5)], seed=13)
+    got, stats = bf.batch_map(fn, graphs, return_stats=True)
+    for g, x in zip(got, graphs, strict=True):
+        torch.testing.assert_close(g, fn(x), equal_nan=True)
+    assert bool(got[1].isnan().all()) and stats.module_calls_cached == 2
+    # the call, and the layers it then calls on no edges, each named with the reason
+    assert f"EdgeReduce: {EMPTY}" in stats.module_misses
+    assert {reason.split(": ", 1)[1] for reason in stats.module_misses} == {EMPTY}
 
 
 def test_a_graph_without_edges_is_not_replayed_where_eager_refuses_it() -> None:
     torch.manual_seed(0)
-    model = EdgeMax().double()
+    model = EdgeReduce(lambda x: x.amax(0)).double()
     fn = lambda g: model(*(torch.as_tensor(x) for x in g))  # noqa: E731
     _check(model, _graphs(SIZES))  # confirmed
     graphs = _graphs([(3, 2), (2, 0)], seed=6)

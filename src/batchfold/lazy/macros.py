@@ -30,14 +30,7 @@ from .inference import template
 from .kept import keep, kept
 from .lengths import Guard
 from .ragged_keys import BY_SHAPE, by_shape, ragged_hit, ragged_key
-from .ragged_macros import (
-    EMPTY,
-    ORIGINAL_CALL,
-    RaggedMacro,
-    RaggedTemplate,
-    call_ragged,
-    takes_empty,
-)
+from .ragged_macros import ORIGINAL_CALL, RaggedMacro, RaggedTemplate, call_ragged
 from .semantics import grad_mode, own_hooks
 from .sites import user_site
 from .tensor import Lazy, build, has_lazy
@@ -168,10 +161,7 @@ class ModuleCache:
         rec.by_identity = False
         if rec.ragged and _takes_sequences(args, kwargs):  # keyed without the length
             found = ragged_key(self, module, args, kwargs)
-            if found is None or (0 in found[4] and not takes_empty(self, found[0], module)):
-                reason = SEQUENCES if found is None else EMPTY
-                self.misses[f"{type(module).__name__}: {reason}"] += 1
-                return ORIGINAL_CALL(module, *args, **kwargs)
+            assert found is not None  # _takes_sequences: some lazy input has a dim
             rows = any(len(m.shape) >= 2 for m in found[2])
             if not by_shape(self.entries.get(found[0]), found[4], rows):
                 return call_ragged(self, module, args, kwargs, *found)
@@ -347,9 +337,6 @@ def _arguments(entry: _Entry, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
         template((args, kwargs), lazies)
     outs = [lazies[k] for _, k in refs]
     return build(entry.template.structure, outs)
-
-
-SEQUENCES = "has no input with a leading dim to batch by: recorded op by op"
 
 
 _INDEX_DTYPES = frozenset([torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8])

@@ -41,7 +41,7 @@ def ragged_key(
     The ragged inputs are those of the highest rank; each distinct leading dim among them is
     a length class, numbered in input order (a molecule's atoms, then its pairs). An input
     ``[L, L]`` of a call of one class is its adjacency. A length may be 0 (see
-    :func:`~.ragged_macros.takes_empty`); ``None`` when no input has a dim.
+    :data:`~.ragged_macros.EMPTY_SAFE`); ``None`` when no input has a dim.
     """
     metas: list[TensorMeta] = []
     lazy_metas(args, metas)
@@ -128,12 +128,13 @@ def ragged_hit(
         entry = cache.entries.get((*head, flat))
     if entry is None:
         return None
+    found = tuple(lengths)
     if entry.macro is None:
-        return BY_SHAPE if by_shape(entry, tuple(lengths), True) else None
-    if own_hooks(module) or not guards_hold(entry.guards, tuple(lengths)):
+        return BY_SHAPE if by_shape(entry, found, True) else None
+    if own_hooks(module) or not guards_hold(entry.guards, found):
         return None
     cache.hits += 1
-    return entry.macro.node(cache.rec, inputs, tuple(metas), tuple(lengths))
+    return entry.macro.node(cache.rec, inputs, tuple(metas), found)
 
 
 def by_shape(entry: _Entry | None, lengths: tuple[int, ...], rows: bool) -> bool:

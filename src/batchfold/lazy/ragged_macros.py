@@ -75,23 +75,27 @@ def call_ragged(
     recorded op by op."""
     entry = cache.entry_for(key, module)
     name = type(module).__name__
+    empty = 0 in lengths  # replayed only where exact, never traced (see EMPTY_SAFE)
     if entry.macro is not None and not own_hooks(module):
-        if guards_hold(entry.guards, lengths) and (0 not in lengths or entry.macro.found.empty_ok):
+        if empty and not entry.macro.found.empty_ok:
+            cache.misses[f"{name}: {EMPTY}"] += 1
+        elif guards_hold(entry.guards, lengths):
             cache.hits += 1
             return entry.macro.node(cache.rec, inputs, metas, lengths)
-        cache.misses[f"{name}: {GUARDED}"] += 1
+        else:
+            cache.misses[f"{name}: {GUARDED}"] += 1
         return ORIGINAL_CALL(module, *args, **kwargs)
     if entry.reason is not None or entry.macro is not None:
         cache.misses[f"{name}: {entry.reason or 'it has hooks'}"] += 1
         return ORIGINAL_CALL(module, *args, **kwargs)
     if entry.ragged is None and (earlier := kept(key, module)) is not None:
         found, guards, traced = earlier  # confirmed by an earlier batch_map
-        if guards_hold(guards, lengths) and (0 not in lengths or found.empty_ok):
+        if guards_hold(guards, lengths) and (not empty or found.empty_ok):
             entry.ragged, entry.length, entry.guards = found, traced, guards
             entry.macro = _kept_macro(cache.rec, key, found, module, (args, kwargs), flags)
             cache.hits += 1
             return entry.macro.node(cache.rec, inputs, metas, lengths)
-    if 0 in lengths:  # never traced at 0 rows (see takes_empty)
+    if empty:  # a trace at 0 rows cannot tell a reduction over rows from one over none
         cache.misses[f"{name}: {EMPTY}"] += 1
         return ORIGINAL_CALL(module, *args, **kwargs)
     trace, result = cache.trace_call(module, args, kwargs, inputs, lengths, flags)
@@ -117,20 +121,6 @@ def call_ragged(
 EMPTY = "takes a sequence of 0 rows, and no confirmed trace that gives eager's result for it"
 
 
-def takes_empty(cache: ModuleCache, key: Any, module: nn.Module) -> bool:
-    """Whether a call of ``key`` with a length of 0 may be one node: its trace was confirmed
-    (in this run or an earlier one) on other lengths, and every ragged op in it gives eager's
-    result on 0 rows (:data:`EMPTY_SAFE`). Calls at 0 rows are never traced: a trace there
-    could not tell a reduction over the rows from one over nothing."""
-    entry = cache.entries.get(key)
-    if entry is not None and entry.macro is not None:
-        return entry.macro.found.empty_ok
-    if entry is not None and (entry.ragged is not None or entry.reason is not None):
-        return False
-    earlier = kept(key, module)
-    return earlier is not None and earlier[0].empty_ok
-
-
 class RaggedTemplate(Template):
     """A traced call's ops, which of them run on packed rows, and which outputs are ragged.
 
@@ -153,7 +143,7 @@ class RaggedTemplate(Template):
             ragged is None or (op.family is not None and op.family.kind in EMPTY_SAFE)
             for (op, _, _), ragged in zip(found.ops, op_ragged, strict=True)
         )
-        """Whether a call with a length of 0 may replay it (see :func:`takes_empty`)."""
+        """Whether a call with a length of 0 may replay it (see :data:`EMPTY_SAFE`)."""
 
     def same_as(self, other: Template) -> bool:
         """Whether two traces (of any lengths) recorded the same ops on the same values."""
@@ -172,9 +162,8 @@ class RaggedTemplate(Template):
         n = len(lengths)
         of_class = [lengths, *(sizes[i] for i in self.class_input[1:])]
         values: list[tuple[Tensor, ...] | None] = []
-        release = self.dropped_after()
         for (op, refs, payload), ragged, done in zip(
-            self.ops, self.op_ragged, release, strict=True
+            self.ops, self.op_ragged, self.dropped_after, strict=True
         ):
             args = [inputs[r[1]] if r[0] == 0 else values[r[1]][r[2]] for r in refs]  # type: ignore[index]
             if not op.in_metas:  # a constant the call made

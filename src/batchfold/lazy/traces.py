@@ -121,6 +121,10 @@ class Template:
     ) -> None:
         self.ops, self.outputs, self.structure = ops, outputs, structure
         self.fallbacks = fallbacks
+        self.dropped_after = _dropped_after(ops, outputs)
+        """After each op, the earlier ops whose values no later op reads and the call does not
+        return: a replay drops them then, so that over many rows it holds only the values still
+        to be read (their memory is reused by the next ops instead of new pages touched)."""
 
     def for_store(self: _Made, fallbacks: Fallbacks) -> _Made:
         """This template counting its fallback ops in another recorder's ``fallbacks``."""
@@ -140,7 +144,7 @@ class Template:
     def replay(self, sig: Signature, inputs: list[Tensor], n: int) -> Any:
         """Run the template's ops on ``inputs`` (``[n, ...]`` each): the batched outputs."""
         values: list[tuple[Tensor, ...] | None] = []
-        for (op, refs, payload), done in zip(self.ops, self.dropped_after(), strict=True):
+        for (op, refs, payload), done in zip(self.ops, self.dropped_after, strict=True):
             args = [inputs[r[1]] if r[0] == 0 else values[r[1]][r[2]] for r in refs]  # type: ignore[index]
             if not op.in_metas:  # a constant the call made (torch.zeros(...) inside forward)
                 values.append((sources_batch(op, [payload] * n),))
@@ -151,26 +155,22 @@ class Template:
         outs = [values[j][o] for _, j, o in self.outputs]  # type: ignore[index]
         return outs[0] if self.structure is None else tuple(outs)
 
-    def dropped_after(self) -> list[tuple[int, ...]]:
-        """After each op, the earlier ops whose values no later op reads and the call does not
-        return: a replay drops them then, so that over many rows it holds only the values still
-        to be read (their memory is reused by the next ops instead of new pages touched).
-        Worked out once per template."""
-        found: list[tuple[int, ...]] | None = getattr(self, "_released", None)
-        if found is None:
-            last = {j: len(self.ops) for _, j, _ in self.outputs}  # kept to the end
-            for k, (_, refs, _) in enumerate(self.ops):
-                for r in refs:
-                    if r[0] != 0 and last.get(r[1], -1) < k:
-                        last[r[1]] = k
-            after: list[list[int]] = [[] for _ in self.ops]
-            for j in range(len(self.ops)):
-                k = last.get(j, j)  # read by none: dropped right away
-                if k < len(self.ops):
-                    after[k].append(j)
-            found = [tuple(x) for x in after]
-            self._released = found
-        return found
+
+def _dropped_after(
+    ops: list[tuple[Signature, tuple[Any, ...], Any]], outputs: list[tuple[Any, ...]]
+) -> list[tuple[int, ...]]:
+    """:attr:`Template.dropped_after` of these ops and outputs."""
+    last = {r[1]: len(ops) for r in outputs if r[0] != 0}  # kept to the end (not arguments)
+    for k, (_, refs, _) in enumerate(ops):
+        for r in refs:
+            if r[0] != 0 and last.get(r[1], -1) < k:
+                last[r[1]] = k
+    after: list[list[int]] = [[] for _ in ops]
+    for j in range(len(ops)):
+        k = last.get(j, j)  # read by none: dropped right away
+        if k < len(ops):
+            after[k].append(j)
+    return [tuple(x) for x in after]
 
 
 def same_ops(a: Any, b: Any, ragged: list[bool] | None = None) -> bool:
