@@ -30,10 +30,14 @@ out).
 
 Each batch size (64 and 256) and mode (training: forward, loss, backward and an SGD step;
 inference: forward and loss under ``no_grad``) runs passes over the same molecules, every
-batch once per pass: one untimed warm-up pass, then timed passes (3; 2 with ``--quick``),
-the same for every system, the peers included. Throughput is molecules per pass / the median
-pass. batchfold rows also give the record / schedule / execute split of a step. Training
-puts the weights back after each configuration, so every system starts from the same ones.
+batch once per pass: one untimed warm-up round, then timed rounds (3; 2 with ``--quick``).
+In each round every system, the peers included, runs one pass, in an order that rotates from
+round to round: the peers' scripts stay loaded and wait for their turn
+(``weave_peers.start_peers``), so a slow minute of this shared machine weighs on every system
+alike instead of on the one whose block it fell in. Throughput is molecules per pass / the
+median pass. batchfold rows also give the record / schedule / execute split of a step.
+batchfold's systems put the weights back after every training pass; the peers train on from
+theirs, which at the timing rate (``LR``) barely move.
 
     python benchmarks/bench_weave.py            # 512 molecules per pass
     python benchmarks/bench_weave.py --quick    # 256 molecules per pass, 2 timed passes
@@ -50,6 +54,7 @@ import dataclasses
 import random
 import tempfile
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -58,14 +63,22 @@ import torch
 from torch import Tensor
 
 import batchfold as bf
-from baselines import Timing, loss_and_grads, split_fields, time_inference, time_training
+from baselines import loss_and_grads, split_fields, time_inference, time_training
 from batchfold import blocks
 from batchfold.data.molecules import Molecule, load_esol
 from batchfold.models.weave import WeaveModel, weave_predict
 from batchfold.models.weave_blocks import weave_blocks
 from machine import describe_machine, markdown_table, spread, write_results
 from memory import PeakMemory
-from weave_peers import PEERS, check_peers, pass_fields, peer_rows, write_molecules, write_weights
+from weave_peers import (
+    PEERS,
+    PeerPasses,
+    check_peers,
+    measure_in_turns,
+    start_peers,
+    write_molecules,
+    write_weights,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CONFIG = {
@@ -197,35 +210,21 @@ def check_peer_losses(
 # timing
 
 
-def measure(
-    runner: Runner,
-    model: WeaveModel,
-    batches: list[list[Any]],
-    mode: str,
-    passes: tuple[int, int],
-) -> dict[str, Any]:
-    """Time ``passes = (warm-up, timed)`` passes over ``batches``; the row's fields.
+def batchfold_pass(
+    runner: Runner, model: WeaveModel, batches: list[list[Any]], training: bool
+) -> tuple[float, dict[str, Any]]:
+    """Seconds of one pass of an in-process system over ``batches``, and its peak memory.
 
     The steps are timed one by one (``baselines.time_training`` / ``time_inference``, which
-    put the weights back after training) and added up per pass.
+    put the weights back after training) and added up.
     """
-    warmup, repeats = passes
-    steps = len(batches)
-    if isinstance(runner, BatchMapRunner | BlocksRunner):
-        runner.stats.clear()
     with PeakMemory() as peak:
-        if mode == "training":
+        if training:
             sgd = torch.optim.SGD(model.parameters(), lr=LR)
-            timing = time_training(runner, batches, sgd, warmup * steps, repeats * steps)
+            timing = time_training(runner, batches, sgd, 0, len(batches))
         else:
-            timing = time_inference(runner, batches, warmup * steps, repeats * steps)
-    per_pass = [sum(timing.times[k * steps : (k + 1) * steps]) for k in range(repeats)]
-    size = len(batches[0])
-    row = pass_fields(Timing(per_pass, size * steps), size)
-    row.update(peak.as_dict())
-    if isinstance(runner, BatchMapRunner | BlocksRunner):
-        row.update(split_fields(runner.stats[warmup * steps :]))
-    return row
+            timing = time_inference(runner, batches, 0, len(batches))
+    return sum(timing.times), peak.as_dict()
 
 
 def run(
@@ -260,32 +259,41 @@ def run(
     model = WeaveModel(**CONFIG)
     systems = make_systems(model)
     rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory() as scratch_dir:
+    with tempfile.TemporaryDirectory() as scratch_dir, ExitStack() as stack:
         scratch = Path(scratch_dir)
-        files: tuple[Path, Path] | None = None  # the peers' molecules and weights
-        ran: set[str] = set()
+        peer_passes: dict[str, PeerPasses] = {}
         if peers:
             peer_notes, ran = check_peer_losses(model, molecules[:16], scratch)
             notes += peer_notes
-        if ran:
-            files = (
-                write_molecules(molecules[:per_pass], scratch / "molecules.npz"),
-                write_weights(model, scratch / "weights.npz"),
-            )
+            if ran:
+                files = (
+                    write_molecules(molecules[:per_pass], scratch / "molecules.npz"),
+                    write_weights(model, scratch / "weights.npz"),
+                )
+                peer_passes, peer_notes = start_peers(files, threads, LR, ran, stack)
+                notes += peer_notes
         for size in sizes:
             batches = [molecules[i : i + size] for i in range(0, per_pass, size)]
             for mode in ("training", "inference"):
-                for name, runner in systems.items():
-                    row = {"mode": mode, "batch_size": size, "system": name}
-                    rows.append(row | measure(runner, model, batches, mode, passes))
-                    print(format_row(rows[-1]), flush=True)
-                if files is not None:
-                    for row in peer_rows(size, mode, files, passes, threads, LR, ran):
-                        if "error" in row:
-                            notes.append(row["error"])
-                        else:
-                            rows.append(row)
-                            print(format_row(row), flush=True)
+                training = mode == "training"
+                turn: dict[str, Callable[[], tuple[float, dict[str, Any]]]] = {
+                    name: partial(batchfold_pass, runner, model, batches, training)
+                    for name, runner in systems.items()
+                }
+                turn |= {name: partial(p, size, training) for name, p in peer_passes.items()}
+                for runner in systems.values():
+                    if isinstance(runner, BatchMapRunner | BlocksRunner):
+                        runner.stats.clear()
+                timed = measure_in_turns(turn, passes[1], per_pass, size, notes)
+                for name, fields in timed.items():
+                    row = {"mode": mode, "batch_size": size, "system": name} | fields
+                    runner = systems.get(name)
+                    if isinstance(runner, BatchMapRunner | BlocksRunner):
+                        row.update(split_fields(runner.stats[len(batches) :]))  # after warm-up
+                    if name in peer_passes:
+                        row.update(version=peer_passes[name].version, threads=threads)
+                    rows.append(row)
+                    print(format_row(row), flush=True)
     return {
         "benchmark": "weave",
         "machine": describe_machine(threads),
@@ -377,8 +385,11 @@ def summary(results: dict[str, Any]) -> str:
         + f", commit {m['commit']}, {m['date']}\n\n"
         "Weave model of `batchfold train esol` (atom and pair 50, 2 modules, gather 128 "
         "summed, hidden 128), every ordered atom pair, summed squared error of the "
-        f"standardised log solubility. Each pass runs {p['molecules']} molecules in batches; "
-        f"{p['warmup']} warm-up pass, then the median of {p['timed']} timed passes. Training: "
+        f"standardised log solubility. Each pass runs {p['molecules']} molecules in batches. "
+        f"The systems take turns: {p['warmup']} warm-up round, then {p['timed']} timed rounds, "
+        "every system one pass a round, in an order that rotates from round to round (the "
+        "peers' scripts stay loaded between their passes); throughput is from the median "
+        "pass. Training: "
         f"forward, loss, backward, SGD step (lr {results['lr']}); inference: forward and loss "
         "under `no_grad`. batchfold runs with the agenda scheduler. Spread: (max - min) / "
         "median of the passes. Peak: the rise of resident memory during the configuration. "

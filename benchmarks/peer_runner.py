@@ -5,8 +5,10 @@ Each peer (DyNet, DGL, PyTorch Geometric) has a virtual environment under
 ``benchmarks/peers/`` that print one JSON line per configuration. A benchmark writes the trees
 (:func:`write_trees`; ``weave_peers.py`` writes molecules) and the initial weights it uses to
 files, runs the peer script on them (:func:`run_peer`) and folds the JSON lines into its own
-results. A peer that is not installed, or whose run fails, is reported
-with the reason (:class:`PeerUnavailable`) and the benchmark carries on.
+results; or it keeps a peer script running and asks it for one timed pass at a time
+(:class:`PeerServer`), so that the peer takes turns with the other systems. A peer that is not
+installed, or whose run fails, is reported with the reason (:class:`PeerUnavailable`) and the
+benchmark carries on.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import json
 import math
 import os
 import subprocess
+import tempfile
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -106,6 +110,88 @@ def run_peer(peer: str, script: str, args: Sequence[str], timeout: float = 3600)
         last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
         raise PeerUnavailable(f"{peer} {script} failed: {last}")
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+class PeerServer:
+    """A peer script kept running with ``--serve``: one JSON command in, one JSON line out.
+
+    Arguments:
+        peer: the environment to run in (``"dgl"``, ``"pyg"``).
+        script: the file name under ``benchmarks/peers/``.
+        args: its command-line arguments (``--serve`` is added).
+        timeout: seconds to wait for the script to load, and for each answer.
+
+    Raises:
+        PeerUnavailable: the peer is not installed, or the script stops or says nothing
+            within ``timeout``.
+    """
+
+    def __init__(self, peer: str, script: str, args: Sequence[str], timeout: float = 600) -> None:
+        python = peer_python(peer)
+        self.name = f"{peer} {script}"
+        self.timeout = timeout
+        # a file, not a pipe, which could fill and stall the script; closed in close()
+        self._errors = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
+        self._process = subprocess.Popen(
+            [str(python), str(PEER_SCRIPTS / script), *args, "--serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._errors,
+            text=True,
+            env={**os.environ, "DGLBACKEND": "pytorch"},
+        )
+        self.ready = self._answer()
+
+    def ask(self, command: dict[str, Any]) -> dict[str, Any]:
+        """Send one command and return the script's answer."""
+        stdin = self._process.stdin
+        assert stdin is not None
+        try:
+            stdin.write(json.dumps(command) + "\n")
+            stdin.flush()
+        except BrokenPipeError as error:
+            raise self._failed() from error
+        return self._answer()
+
+    def close(self) -> None:
+        """End the script (it stops when its input closes) and free its files."""
+        if self._process.stdin is not None and not self._process.stdin.closed:
+            self._process.stdin.close()
+        try:
+            self._process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        if self._process.stdout is not None:
+            self._process.stdout.close()
+        self._errors.close()
+
+    def __enter__(self) -> PeerServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _answer(self) -> dict[str, Any]:
+        stdout = self._process.stdout
+        assert stdout is not None
+        deadline = threading.Timer(self.timeout, self._process.kill)
+        deadline.start()
+        try:
+            for line in stdout:  # the peer library may print lines of its own
+                if line.startswith("{"):
+                    return json.loads(line)
+        finally:
+            deadline.cancel()
+        raise self._failed()
+
+    def _failed(self) -> PeerUnavailable:
+        self._process.wait()
+        self._errors.seek(0)
+        last = (self._errors.read().strip().splitlines() or ["no message"])[-1]
+        return PeerUnavailable(
+            f"{self.name} stopped (exit status {self._process.returncode}): {last}"
+        )
 
 
 def loss_agreement(peer_loss: float, expected: float, n_trees: int) -> str:

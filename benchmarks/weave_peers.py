@@ -6,15 +6,16 @@ DGL-LifeSci (``peers/dgllife_weave.py`` in ``benchmarks/.peers/dgl``) and PyTorc
 the timed step and beforehand. Both read the molecules and batchfold's weights from the files
 written here (:func:`write_molecules`, :func:`write_weights`; the formats are in
 ``dgllife_weave.py``'s docstring). :func:`check_peers` compares each peer's loss with the
-one-at-a-time loop's, :func:`peer_rows` times them; a peer that cannot run is a note, never a
-crash.
+one-at-a-time loop's; :func:`start_peers` keeps each peer's script running, to be asked for one
+timed pass at a time (:class:`PeerPasses`); a peer that cannot run is a note, never a crash.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -24,7 +25,8 @@ import torch
 from baselines import Timing, timing_fields
 from batchfold.data.molecules import Molecule
 from batchfold.models.weave import GAUSSIAN_MEMBERSHIPS, WeaveModel
-from peer_runner import PeerUnavailable, run_peer
+from bench_lazy import turns
+from peer_runner import PeerServer, PeerUnavailable, run_peer
 
 
 class PeerSystem(NamedTuple):
@@ -139,47 +141,93 @@ def pass_fields(timing: Timing, size: int) -> dict[str, Any]:
     }
 
 
-def peer_rows(
-    size: int,
-    mode: str,
+class PeerPasses:
+    """One peer system's passes, each asked of its peer's running script (``--serve``).
+
+    Arguments:
+        server: the peer's script, loaded once.
+        mode: the script's mode (``"prebuilt"`` or ``"inloop"``).
+    """
+
+    def __init__(self, server: PeerServer, mode: str) -> None:
+        self.server, self.mode = server, mode
+        self.version = str(server.ready.get("version", ""))
+
+    def __call__(self, size: int, training: bool) -> tuple[float, dict[str, Any]]:
+        """Seconds of one pass over the molecules in batches of ``size``, and its answer."""
+        answer = self.server.ask({"mode": self.mode, "batch_size": size, "training": training})
+        return answer["seconds"], answer
+
+
+def start_peers(
     files: tuple[Path, Path],
-    passes: tuple[int, int],
     threads: int,
     lr: float,
     peers: Collection[str],
-) -> list[dict[str, Any]]:
-    """The systems of ``peers`` on one configuration, one process each.
+    stack: ExitStack,
+) -> tuple[dict[str, PeerPasses], list[str]]:
+    """A running script per peer of ``peers``, each serving both of its systems' passes.
 
     Arguments:
-        size: the batch size.
-        mode: ``"training"`` or ``"inference"``.
         files: the molecule and weights files.
-        passes: warm-up and timed passes.
-        threads: the peer's torch threads.
-        lr: the SGD learning rate of the training steps.
-        peers: the peers to run (``"dgllife"``, ``"pyg"``).
+        threads: the peers' torch threads.
+        lr: the SGD learning rate of the training passes.
+        peers: the peers to start (``"dgllife"``, ``"pyg"``).
+        stack: closes the scripts when the caller is done.
 
     Returns:
-        A row per system; a failed run as ``{"error": why}``.
+        The passes of every system by the name of its row, and a note for each peer that
+        cannot start.
     """
-    warmup, repeats = passes
-    out: list[dict[str, Any]] = []
-    for system, (peer, env, script, peer_mode) in PEERS.items():
+    args = [str(files[0]), "--weights", str(files[1]), "--threads", str(threads), "--lr", str(lr)]
+    servers: dict[str, PeerServer] = {}
+    systems: dict[str, PeerPasses] = {}
+    notes: list[str] = []
+    for system, (peer, env, script, mode) in PEERS.items():
         if peer not in peers:
             continue
-        args = [str(files[0]), "--weights", str(files[1]), "--batch-sizes", str(size)]
-        args += ["--modes", peer_mode, "--warmup", str(warmup), "--repeats", str(repeats)]
-        args += ["--threads", str(threads), "--lr", str(lr)]
-        args += ["--no-infer"] if mode == "training" else ["--no-train"]
-        try:
-            (line,) = run_peer(env, script, args)
-        except PeerUnavailable as error:
-            out.append({"error": f"{system}, {mode}, b={size}: {error}"})
+        if peer not in servers:
+            try:
+                servers[peer] = stack.enter_context(PeerServer(env, script, args))
+            except PeerUnavailable as error:
+                notes.append(f"{peer}: {error}")
+                peers = [p for p in peers if p != peer]
+                continue
+        systems[system] = PeerPasses(servers[peer], mode)
+    return systems, notes
+
+
+def measure_in_turns(
+    systems: dict[str, Callable[[], tuple[float, dict[str, Any]]]],
+    repeats: int,
+    molecules: int,
+    size: int,
+    notes: list[str],
+) -> dict[str, dict[str, Any]]:
+    """Every system's passes, taking turns: one warm-up round, then ``repeats`` timed rounds,
+    each system one pass a round, in an order that rotates from round to round (the peers'
+    scripts stay loaded and wait for their turn), so that a slow minute of a shared machine
+    weighs on every system alike. A peer that stops is a note and has no row. Returns each
+    system's row fields: throughput and spread of its timed passes, and the highest peak of
+    memory of its passes."""
+    times: dict[str, list[float]] = {name: [] for name in systems}
+    peaks: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
+    for i, name in turns(list(systems), repeats):
+        if name not in times:
             continue
-        times = line["train_times_s" if mode == "training" else "infer_times_s"]
-        row = {"mode": mode, "batch_size": size, "system": system}
-        row |= pass_fields(Timing(times, line["molecules_per_pass"]), size)
-        for key in ("peak_mb", "resident_peak_mb", "peak_method", "threads", "version"):
-            row[key] = line[key]
-        out.append(row)
-    return out
+        try:
+            seconds, answer = systems[name]()
+        except PeerUnavailable as error:
+            notes.append(f"{name}, b={size}: {error}")
+            del times[name]
+            continue
+        peaks[name].append(answer)
+        if i:
+            times[name].append(seconds)
+    fields = {}
+    for name, timed in times.items():
+        peak = max(peaks[name], key=lambda answer: answer["peak_mb"])
+        fields[name] = pass_fields(Timing(timed, molecules), size) | {
+            key: peak[key] for key in ("peak_mb", "resident_peak_mb", "peak_method")
+        }
+    return fields

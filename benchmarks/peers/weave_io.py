@@ -27,6 +27,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 from passes import timed_passes  # noqa: E402  (beside this file; it reads benchmarks/memory.py)
 
+import memory  # noqa: E402  (benchmarks/memory.py, on the path above)
+
 
 def parse_args(description: str | None, argv: list[str] | None = None) -> argparse.Namespace:
     """The peer scripts' command line (see ``dgllife_weave.py``'s docstring)."""
@@ -48,6 +50,11 @@ def parse_args(description: str | None, argv: list[str] | None = None) -> argpar
     )
     p.add_argument("--no-train", action="store_true", help="time inference only")
     p.add_argument("--no-infer", action="store_true", help="time training only")
+    p.add_argument(
+        "--serve",
+        action="store_true",
+        help="time one pass per JSON command read from standard input (see weave_io.serve)",
+    )
     return p.parse_args(argv)
 
 
@@ -99,8 +106,12 @@ def time_modes(
 
     ``batches(mode, spans)`` gives a mode's batches of the molecules numbered in each span and
     how a step gets its input from one (``prebuilt``: batched beforehand; ``inloop``: batched
-    inside the timed step). ``count`` is the number of molecules.
+    inside the timed step). ``count`` is the number of molecules. With ``--serve``, passes are
+    timed one per command instead (:func:`serve`).
     """
+    if args.serve:
+        serve(system, version, count, batches, train_step, infer_step)
+        return
     for mode in args.modes.replace(",", " ").split():
         if mode not in ("prebuilt", "inloop"):
             raise SystemExit(f"unknown mode {mode!r} (prebuilt, inloop)")
@@ -138,6 +149,47 @@ def time_modes(
                 "version": version,
             }
             print(json.dumps(line), flush=True)
+
+
+def serve(
+    system: str,
+    version: str,
+    count: int,
+    batches: Batches,
+    train_step: Callable[[Any], Any],
+    infer_step: Callable[[Any], Any],
+) -> None:
+    """Time one pass over the molecules per command read from standard input, until it closes.
+
+    A benchmark that times several systems in turns (``bench_weave.py``) keeps the peer
+    loaded and asks for its passes one at a time, between the other systems' passes, so that
+    a slow minute of a shared machine falls on every system alike. Once loaded, this prints
+    ``{"ready": true, ...}``. A command is one JSON line: ``mode`` (``prebuilt`` or
+    ``inloop``), ``batch_size`` and ``training`` (a training pass, else inference); the answer
+    is one JSON line: the pass's ``seconds``, its ``molecules`` and its peak memory fields.
+    The batches of a mode and size are made on its first command, before its timing starts.
+    """
+    print(json.dumps({"ready": True, "system": system, "version": version}), flush=True)
+    made: dict[tuple[str, int], tuple[list[Any], Callable[[Any], Any]]] = {}
+    for line in sys.stdin:
+        command = json.loads(line)
+        mode, size = command["mode"], int(command["batch_size"])
+        if (mode, size) not in made:
+            n_batches = count // size
+            if mode not in ("prebuilt", "inloop") or n_batches == 0:
+                raise SystemExit(f"cannot serve {mode!r} batches of {size} from {count} molecules")
+            made[mode, size] = batches(
+                mode, [range(b * size, (b + 1) * size) for b in range(n_batches)]
+            )
+        items, get = made[mode, size]
+        step = train_step if command["training"] else infer_step
+        with memory.PeakMemory() as peak:
+            start = time.perf_counter()
+            for item in items:
+                step(get(item))
+            seconds = time.perf_counter() - start
+        answer = {"seconds": seconds, "molecules": len(items) * size, **peak.as_dict()}
+        print(json.dumps(answer), flush=True)
 
 
 # -- training to accuracy (the *_weave_train.py scripts) ---------------------------------------

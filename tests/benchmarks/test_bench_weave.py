@@ -6,6 +6,7 @@ import the benchmark, as the benchmark scripts do when run from there.
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 from pathlib import Path
@@ -78,3 +79,63 @@ def test_peer_files(tmp_path):
     }
     assert set(stored.files) == {"config", *model.state_dict()}
     assert stored["weave.0.atom_to_pair_layer.weight"].dtype == np.float32
+
+
+def test_systems_take_turns_and_a_stopped_peer_is_a_note():
+    from peer_runner import PeerUnavailable
+    from weave_peers import measure_in_turns
+
+    calls: list[str] = []
+
+    def system(name: str, fail_on: int | None = None):
+        def one_pass():
+            calls.append(name)
+            if fail_on is not None and calls.count(name) == fail_on:
+                raise PeerUnavailable("it stopped")
+            return 0.5, {"peak_mb": float(len(calls)), "resident_peak_mb": None, "peak_method": "x"}
+
+        return one_pass
+
+    notes: list[str] = []
+    systems = {"a": system("a"), "b": system("b"), "peer": system("peer", fail_on=2)}
+    rows = measure_in_turns(systems, repeats=2, molecules=8, size=4, notes=notes)
+    # a warm-up round and two timed rounds, each in an order rotated by one
+    assert calls == ["a", "b", "peer", "b", "peer", "a", "a", "b"]
+    assert set(rows) == {"a", "b"} and notes == ["peer, b=4: it stopped"]
+    assert rows["a"]["median_s"] == 0.5 and rows["a"]["molecules_per_s"] == 16
+    assert rows["b"]["peak_mb"] == 8.0  # the highest of its passes (the calls so far)
+
+
+def test_a_served_peer_times_one_pass_per_command(monkeypatch, capsys):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "peers"))
+    import weave_io  # pyright: ignore[reportMissingImports]  (benchmarks/peers, put on the path above)
+
+    steps: list[tuple[str, object]] = []
+
+    def batches(mode, spans):
+        return [list(s) for s in spans], lambda item: (mode, tuple(item))
+
+    commands = [
+        {"mode": "inloop", "batch_size": 2, "training": True},
+        {"mode": "prebuilt", "batch_size": 3, "training": False},
+    ]
+    monkeypatch.setattr(sys, "stdin", io.StringIO("".join(json.dumps(c) + "\n" for c in commands)))
+    weave_io.serve(
+        "fake",
+        "v1",
+        6,
+        batches,
+        lambda item: steps.append(("train", item)),
+        lambda item: steps.append(("infer", item)),
+    )
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert lines[0] == {"ready": True, "system": "fake", "version": "v1"}
+    assert [line["molecules"] for line in lines[1:]] == [6, 6]
+    assert all(line["seconds"] >= 0 and "peak_mb" in line for line in lines[1:])
+    assert steps == [
+        ("train", ("inloop", (0, 1))),
+        ("train", ("inloop", (2, 3))),
+        ("train", ("inloop", (4, 5))),
+        ("infer", ("prebuilt", (0, 1, 2))),
+        ("infer", ("prebuilt", (3, 4, 5))),
+    ]
