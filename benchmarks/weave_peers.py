@@ -183,15 +183,16 @@ def start_peers(
     servers: dict[str, PeerServer] = {}
     systems: dict[str, PeerPasses] = {}
     notes: list[str] = []
+    failed: set[str] = set()
     for system, (peer, env, script, mode) in PEERS.items():
-        if peer not in peers:
+        if peer not in peers or peer in failed:
             continue
         if peer not in servers:
             try:
                 servers[peer] = stack.enter_context(PeerServer(env, script, args))
             except PeerUnavailable as error:
                 notes.append(f"{peer}: {error}")
-                peers = [p for p in peers if p != peer]
+                failed.add(peer)
                 continue
         systems[system] = PeerPasses(servers[peer], mode)
     return systems, notes

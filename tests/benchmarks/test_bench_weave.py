@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
@@ -139,3 +140,45 @@ def test_a_served_peer_times_one_pass_per_command(monkeypatch, capsys):
         ("infer", ("prebuilt", (0, 1, 2))),
         ("infer", ("prebuilt", (3, 4, 5))),
     ]
+
+
+ECHO_PEER = """
+import json, sys
+print("a line of the library's own")
+print(json.dumps({"ready": True, "version": "echo 1"}), flush=True)
+for line in sys.stdin:
+    command = json.loads(line)
+    if command["batch_size"] == 0:
+        print("the script failed", file=sys.stderr)
+        sys.exit(3)
+    print(json.dumps({"seconds": 0.25, "asked": command}), flush=True)
+"""
+
+
+def test_a_peer_server_answers_each_command_and_reports_a_stop(tmp_path, monkeypatch):
+    import peer_runner
+
+    (tmp_path / "echo_peer.py").write_text(ECHO_PEER)
+    monkeypatch.setattr(peer_runner, "PEER_SCRIPTS", tmp_path)
+    monkeypatch.setattr(peer_runner, "peer_python", lambda peer: Path(sys.executable))
+    with peer_runner.PeerServer("echo", "echo_peer.py", ["--x"], timeout=60) as server:
+        assert server.ready == {"ready": True, "version": "echo 1"}
+        command = {"mode": "inloop", "batch_size": 4, "training": True}
+        assert server.ask(command) == {"seconds": 0.25, "asked": command}
+        with pytest.raises(peer_runner.PeerUnavailable, match="exit status 3.*the script failed"):
+            server.ask({**command, "batch_size": 0})
+
+
+def test_a_peer_that_cannot_start_is_one_note(monkeypatch):
+    import weave_peers
+
+    missing = weave_peers.PeerSystem("nopeer", "no-such-env", "nothing.py", "inloop")
+    monkeypatch.setattr(
+        weave_peers, "PEERS", {"nopeer, in the step": missing, "nopeer, beforehand": missing}
+    )
+    with ExitStack() as stack:
+        systems, notes = weave_peers.start_peers(
+            (Path("m.npz"), Path("w.npz")), 1, 1e-6, {"nopeer"}, stack
+        )
+    assert systems == {}
+    assert len(notes) == 1 and notes[0].startswith("nopeer: peer not installed")
