@@ -94,7 +94,7 @@ CONFIG = {
 LR = 1e-6
 """The SGD learning rate of the timed steps: the loss is a sum over the batch, and at 1e-4
 training diverges within a few steps of 256 molecules (to inf, where the timing means
-nothing); the weights are put back after every configuration anyway."""
+nothing); batchfold's systems put the weights back after every training pass anyway."""
 CHECK_LR = 1e-4
 """The learning rate of the step after which the peers' loss is checked again: large enough
 that a peer whose gradients differ from batchfold's (say, with dgllife's two A->P blocks of
@@ -285,13 +285,16 @@ def run(
                     if isinstance(runner, BatchMapRunner | BlocksRunner):
                         runner.stats.clear()
                 timed = measure_in_turns(turn, passes[1], per_pass, size, notes)
+                for name in [name for name in peer_passes if name not in timed]:
+                    del peer_passes[name]  # it stopped: no turn in later configurations
                 for name, fields in timed.items():
                     row = {"mode": mode, "batch_size": size, "system": name} | fields
                     runner = systems.get(name)
                     if isinstance(runner, BatchMapRunner | BlocksRunner):
                         row.update(split_fields(runner.stats[len(batches) :]))  # after warm-up
                     if name in peer_passes:
-                        row.update(version=peer_passes[name].version, threads=threads)
+                        ready = peer_passes[name].server.ready
+                        row.update(version=ready.get("version"), threads=ready.get("threads"))
                     rows.append(row)
                     print(format_row(row), flush=True)
     return {
@@ -392,7 +395,8 @@ def summary(results: dict[str, Any]) -> str:
         "pass. Training: "
         f"forward, loss, backward, SGD step (lr {results['lr']}); inference: forward and loss "
         "under `no_grad`. batchfold runs with the agenda scheduler. Spread: (max - min) / "
-        "median of the passes. Peak: the rise of resident memory during the configuration. "
+        "median of the passes. Peak: the largest rise of resident memory during one of the "
+        "system's passes. "
         "vs fastest peer: against the fastest peer row (dgllife or pyg, either batching) of "
         "the same mode and batch; the notes name it.\n\n"
         + markdown_table(head, table)

@@ -13,6 +13,7 @@ benchmark carries on.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -140,12 +141,19 @@ class PeerServer:
             text=True,
             env={**os.environ, "DGLBACKEND": "pytorch"},
         )
-        self.ready = self._answer()
+        self._timed_out = False
+        try:
+            self.ready = self._answer()
+        except BaseException:
+            self.close()
+            raise
 
     def ask(self, command: dict[str, Any]) -> dict[str, Any]:
         """Send one command and return the script's answer."""
         stdin = self._process.stdin
         assert stdin is not None
+        if self._process.poll() is not None:
+            raise self._failed()
         try:
             stdin.write(json.dumps(command) + "\n")
             stdin.flush()
@@ -155,8 +163,10 @@ class PeerServer:
 
     def close(self) -> None:
         """End the script (it stops when its input closes) and free its files."""
-        if self._process.stdin is not None and not self._process.stdin.closed:
-            self._process.stdin.close()
+        stdin = self._process.stdin
+        if stdin is not None and not stdin.closed:
+            with contextlib.suppress(BrokenPipeError):  # a stopped script left a command unread
+                stdin.close()
         try:
             self._process.wait(timeout=60)
         except subprocess.TimeoutExpired:
@@ -175,18 +185,25 @@ class PeerServer:
     def _answer(self) -> dict[str, Any]:
         stdout = self._process.stdout
         assert stdout is not None
-        deadline = threading.Timer(self.timeout, self._process.kill)
+        deadline = threading.Timer(self.timeout, self._time_out)
         deadline.start()
         try:
-            for line in stdout:  # the peer library may print lines of its own
+            for line in stdout:  # the peer library may print lines of its own, even "{..."
                 if line.startswith("{"):
-                    return json.loads(line)
+                    with contextlib.suppress(ValueError):
+                        return json.loads(line)
         finally:
             deadline.cancel()
         raise self._failed()
 
+    def _time_out(self) -> None:
+        self._timed_out = True
+        self._process.kill()
+
     def _failed(self) -> PeerUnavailable:
         self._process.wait()
+        if self._timed_out:
+            return PeerUnavailable(f"{self.name} said nothing within {self.timeout:.0f} s")
         self._errors.seek(0)
         last = (self._errors.read().strip().splitlines() or ["no message"])[-1]
         return PeerUnavailable(

@@ -47,6 +47,8 @@ PEERS = {
     "pyg, graphs batched beforehand": PeerSystem("pyg", "pyg", "pyg_weave.py", "prebuilt"),
 }
 """The peer systems by the name of their rows."""
+PEAK_FIELDS = ("peak_mb", "resident_peak_mb", "peak_method", "peak_cuda_mb")
+"""The fields of ``memory.PeakMemory.as_dict`` that a row keeps."""
 
 
 def write_molecules(molecules: Sequence[Molecule], path: Path) -> Path:
@@ -151,7 +153,6 @@ class PeerPasses:
 
     def __init__(self, server: PeerServer, mode: str) -> None:
         self.server, self.mode = server, mode
-        self.version = str(server.ready.get("version", ""))
 
     def __call__(self, size: int, training: bool) -> tuple[float, dict[str, Any]]:
         """Seconds of one pass over the molecules in batches of ``size``, and its answer."""
@@ -205,12 +206,25 @@ def measure_in_turns(
     size: int,
     notes: list[str],
 ) -> dict[str, dict[str, Any]]:
-    """Every system's passes, taking turns: one warm-up round, then ``repeats`` timed rounds,
-    each system one pass a round, in an order that rotates from round to round (the peers'
-    scripts stay loaded and wait for their turn), so that a slow minute of a shared machine
-    weighs on every system alike. A peer that stops is a note and has no row. Returns each
-    system's row fields: throughput and spread of its timed passes, and the highest peak of
-    memory of its passes."""
+    """Every system's passes, taking turns, and each system's row fields.
+
+    One warm-up round, then ``repeats`` timed rounds; each system runs one pass a round, in
+    an order that rotates from round to round (the peers' scripts stay loaded and wait for
+    their turn), so that a slow minute of a shared machine weighs on every system alike.
+
+    Arguments:
+        systems: one pass of each system, by name: its seconds and its answer (the peak
+            memory fields, and for a peer the ``molecules`` it ran).
+        repeats: the timed rounds.
+        molecules: the molecules of one pass.
+        size: the batch size.
+        notes: takes a note for each peer that stops or runs another number of molecules;
+            such a peer has no row.
+
+    Returns:
+        Each remaining system's throughput and spread over its timed passes, and the peak
+        memory fields of its pass with the highest peak.
+    """
     times: dict[str, list[float]] = {name: [] for name in systems}
     peaks: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
     for i, name in turns(list(systems), repeats):
@@ -218,6 +232,8 @@ def measure_in_turns(
             continue
         try:
             seconds, answer = systems[name]()
+            if answer.get("molecules", molecules) != molecules:
+                raise PeerUnavailable(f"ran {answer['molecules']} molecules, not {molecules}")
         except PeerUnavailable as error:
             notes.append(f"{name}, b={size}: {error}")
             del times[name]
@@ -229,6 +245,6 @@ def measure_in_turns(
     for name, timed in times.items():
         peak = max(peaks[name], key=lambda answer: answer["peak_mb"])
         fields[name] = pass_fields(Timing(timed, molecules), size) | {
-            key: peak[key] for key in ("peak_mb", "resident_peak_mb", "peak_method")
+            key: peak[key] for key in PEAK_FIELDS if key in peak
         }
     return fields

@@ -91,7 +91,10 @@ Usage::
 
     python dgllife_weave.py MOLECULES.npz --weights W.npz [--batch-sizes 64,256]
         [--modes prebuilt,inloop] [--repeats 3] [--warmup 1] [--threads 2] [--lr 1e-4]
-        [--no-train] [--no-infer] [--loss-only]
+        [--no-train] [--no-infer] [--loss-only] [--serve]
+
+With ``--serve`` it loads, then times one pass per JSON command read from standard input
+(``weave_io.serve``), for a benchmark that times every system in turns.
 """
 
 from __future__ import annotations

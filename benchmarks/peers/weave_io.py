@@ -110,7 +110,7 @@ def time_modes(
     timed one per command instead (:func:`serve`).
     """
     if args.serve:
-        serve(system, version, count, batches, train_step, infer_step)
+        serve(system, version, args.threads, count, batches, train_step, infer_step)
         return
     for mode in args.modes.replace(",", " ").split():
         if mode not in ("prebuilt", "inloop"):
@@ -154,6 +154,7 @@ def time_modes(
 def serve(
     system: str,
     version: str,
+    threads: int,
     count: int,
     batches: Batches,
     train_step: Callable[[Any], Any],
@@ -164,12 +165,13 @@ def serve(
     A benchmark that times several systems in turns (``bench_weave.py``) keeps the peer
     loaded and asks for its passes one at a time, between the other systems' passes, so that
     a slow minute of a shared machine falls on every system alike. Once loaded, this prints
-    ``{"ready": true, ...}``. A command is one JSON line: ``mode`` (``prebuilt`` or
+    ``{"ready": true, ...}`` with the system, its version and its torch ``threads``. A command is one JSON line: ``mode`` (``prebuilt`` or
     ``inloop``), ``batch_size`` and ``training`` (a training pass, else inference); the answer
     is one JSON line: the pass's ``seconds``, its ``molecules`` and its peak memory fields.
     The batches of a mode and size are made on its first command, before its timing starts.
     """
-    print(json.dumps({"ready": True, "system": system, "version": version}), flush=True)
+    ready = {"ready": True, "system": system, "version": version, "threads": threads}
+    print(json.dumps(ready), flush=True)
     made: dict[tuple[str, int], tuple[list[Any], Callable[[Any], Any]]] = {}
     for line in sys.stdin:
         command = json.loads(line)

@@ -87,24 +87,35 @@ def test_systems_take_turns_and_a_stopped_peer_is_a_note():
     from weave_peers import measure_in_turns
 
     calls: list[str] = []
+    peaks = iter([3.0, 9.0, 1.0, 2.0, 7.0, 4.0, 5.0, 6.0, 8.0])
 
-    def system(name: str, fail_on: int | None = None):
+    def system(name: str, fail_on: int | None = None, molecules: int = 8):
         def one_pass():
             calls.append(name)
             if fail_on is not None and calls.count(name) == fail_on:
                 raise PeerUnavailable("it stopped")
-            return 0.5, {"peak_mb": float(len(calls)), "resident_peak_mb": None, "peak_method": "x"}
+            seconds = 5.0 if calls.count(name) == 1 else 0.25 * calls.count(name)  # warm-up: 5
+            answer = {"peak_mb": next(peaks), "resident_peak_mb": None, "peak_method": "x"}
+            return seconds, answer | {"molecules": molecules}
 
         return one_pass
 
     notes: list[str] = []
-    systems = {"a": system("a"), "b": system("b"), "peer": system("peer", fail_on=2)}
+    systems = {
+        "a": system("a"),
+        "b": system("b"),
+        "peer": system("peer", fail_on=2),
+        "short": system("short", molecules=4),
+    }
     rows = measure_in_turns(systems, repeats=2, molecules=8, size=4, notes=notes)
     # a warm-up round and two timed rounds, each in an order rotated by one
-    assert calls == ["a", "b", "peer", "b", "peer", "a", "a", "b"]
-    assert set(rows) == {"a", "b"} and notes == ["peer, b=4: it stopped"]
-    assert rows["a"]["median_s"] == 0.5 and rows["a"]["molecules_per_s"] == 16
-    assert rows["b"]["peak_mb"] == 8.0  # the highest of its passes (the calls so far)
+    assert calls == ["a", "b", "peer", "short", "b", "peer", "a", "a", "b"]
+    assert set(rows) == {"a", "b"}
+    assert notes == ["short, b=4: ran 4 molecules, not 8", "peer, b=4: it stopped"]
+    assert rows["a"]["times_s"] == [0.5, 0.75]  # not the warm-up pass
+    assert rows["a"]["median_s"] == 0.625 and rows["a"]["molecules_per_s"] == 8 / 0.625
+    assert rows["a"]["peak_mb"] == 5.0  # its passes peaked at 3, 4, 5
+    assert rows["b"]["peak_mb"] == 9.0  # at 9, 7, 6: the highest, not the last
 
 
 def test_a_served_peer_times_one_pass_per_command(monkeypatch, capsys):
@@ -124,13 +135,19 @@ def test_a_served_peer_times_one_pass_per_command(monkeypatch, capsys):
     weave_io.serve(
         "fake",
         "v1",
+        1,
         6,
         batches,
         lambda item: steps.append(("train", item)),
         lambda item: steps.append(("infer", item)),
     )
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert lines[0] == {"ready": True, "system": "fake", "version": "v1"}
+    assert lines[0] == {"ready": True, "system": "fake", "version": "v1", "threads": 1}
+    # the peer scripts reach it through time_modes with --serve
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    args = weave_io.parse_args(None, ["m.npz", "--weights", "w.npz", "--serve", "--threads", "2"])
+    weave_io.time_modes(args, "fake", "v2", 6, batches, print, print)
+    assert json.loads(capsys.readouterr().out)["threads"] == 2
     assert [line["molecules"] for line in lines[1:]] == [6, 6]
     assert all(line["seconds"] >= 0 and "peak_mb" in line for line in lines[1:])
     assert steps == [
@@ -143,11 +160,14 @@ def test_a_served_peer_times_one_pass_per_command(monkeypatch, capsys):
 
 
 ECHO_PEER = """
-import json, sys
+import json, sys, time
 print("a line of the library's own")
+print("{a line of the library's own}")
 print(json.dumps({"ready": True, "version": "echo 1"}), flush=True)
 for line in sys.stdin:
     command = json.loads(line)
+    if command["batch_size"] < 0:
+        time.sleep(60)
     if command["batch_size"] == 0:
         print("the script failed", file=sys.stderr)
         sys.exit(3)
@@ -165,8 +185,12 @@ def test_a_peer_server_answers_each_command_and_reports_a_stop(tmp_path, monkeyp
         assert server.ready == {"ready": True, "version": "echo 1"}
         command = {"mode": "inloop", "batch_size": 4, "training": True}
         assert server.ask(command) == {"seconds": 0.25, "asked": command}
-        with pytest.raises(peer_runner.PeerUnavailable, match="exit status 3.*the script failed"):
-            server.ask({**command, "batch_size": 0})
+        for _ in range(2):  # and again once it has stopped; closing it then is no error
+            with pytest.raises(peer_runner.PeerUnavailable, match="status 3.*the script failed"):
+                server.ask({**command, "batch_size": 0})
+    slow = peer_runner.PeerServer("echo", "echo_peer.py", [], timeout=1)
+    with slow, pytest.raises(peer_runner.PeerUnavailable, match="said nothing within 1 s"):
+        slow.ask({"mode": "inloop", "batch_size": -1, "training": False})
 
 
 def test_a_peer_that_cannot_start_is_one_note(monkeypatch):
