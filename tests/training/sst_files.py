@@ -25,6 +25,7 @@ class TinySST:
             "sst",
             *("--data", str(self.data), "--glove", str(self.glove), "--word-dim", "4"),
             *("--hidden", "4", "--batch-size", "4", "--epochs", "2", "--threads", "1"),
+            *("--lr-schedule", "constant"),  # so a resumed run may add epochs
             *("--out", str(out), "--compare-batches", "1", "--eval-batch-size", "5"),
             *extra,
         ]

@@ -46,8 +46,13 @@ def test_train_options_parse_with_task_defaults() -> None:
         10,
         "depth",
     )
-    assert (args.batch_size, args.epochs, args.lr, args.out) == (25, 20, None, "runs/sst")
-    assert (args.word_dim, args.hidden, args.embed_lr_scale) == (150, 150, 2.0)
+    assert (args.batch_size, args.epochs, args.lr, args.out) == (25, 30, None, "runs/sst")
+    assert (args.lr_schedule, args.word_dim, args.hidden, args.embed_lr_scale) == (
+        "cosine",
+        150,
+        300,
+        2.0,
+    )
     assert (args.dropout, args.recurrent_dropout) == (0.5, None)  # None: 0.25 for a Tree-LSTM
 
 
