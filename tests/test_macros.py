@@ -372,3 +372,14 @@ def test_identity_hands_back_its_input_and_its_hooks_still_run() -> None:
     finally:
         handle.remove()
     assert seen and all(shape == (3,) for shape in seen)
+
+
+def test_a_submodule_switched_to_eval_alone_is_honoured() -> None:
+    model = nn.Sequential(nn.Linear(3, 16), nn.Dropout(0.9)).train()
+    xs = [[1.0, 2.0, 3.0]] * 4
+    fn = lambda x: model(torch.tensor(x))  # noqa: E731
+    bf.batch_map(fn, xs)  # traced with the dropout on
+    bf.batch_map(fn, xs)
+    model[1].eval()  # the submodule only; the call's own module still trains
+    for out in bf.batch_map(fn, xs):
+        torch.testing.assert_close(out, model[0](torch.tensor(xs[0])))

@@ -542,3 +542,19 @@ def test_in_place_ops_and_no_grad_inside_a_cached_call(scheduler: Scheduler) -> 
     got = bf.batch_map(lambda x: model(torch.as_tensor(x)), _sequences())
     grads = torch.autograd.grad(_weighted(got), [model.gate.weight], allow_unused=True)
     assert grads[0] is None  # as eagerly: the gate ran without grad
+
+
+def test_a_submodule_switched_to_eval_alone_is_honoured() -> None:
+    # the call's key holds the outer module's mode; a submodule's own mode must count too
+    model = nn.Sequential(nn.Linear(4, 6), nn.Dropout(0.5)).double().train()
+    xs = [torch.randn(n, 4, dtype=torch.float64) for n in (2, 3, 5, 4)]
+    fn = lambda x: model(torch.as_tensor(x)).sum(0)  # noqa: E731
+    bf.batch_map(fn, xs)  # traced and confirmed with the dropout on
+    bf.batch_map(fn, xs)
+    model[1].eval()
+    for g, x in zip(bf.batch_map(fn, xs), xs, strict=True):
+        torch.testing.assert_close(g, model[0](x).sum(0))
+    model.eval()
+    model[1].train()  # the outer module in eval, its dropout training: eager drops
+    got = bf.batch_map(fn, xs)
+    assert any(not torch.allclose(g, model[0](x).sum(0)) for g, x in zip(got, xs, strict=True))
