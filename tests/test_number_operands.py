@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import batchfold as bf
+from batchfold.errors import ShapeError, UnsupportedOpError
 from batchfold.schedule import Scheduler
 
 TARGETS = [0.37, -1.5, 2.0, 0.37, 1e-8, 3, -7, 0.1]
@@ -53,3 +54,105 @@ def test_numbers_with_other_dtypes_stay_constants_of_their_op(dtype: torch.dtype
         e = fn(item)
         assert g.dtype == e.dtype
         assert torch.equal(g, e)  # float16 with the number rounded to float16 differs here
+
+
+# x[i] with a Python int i that differs per instance ------------------------------------------
+
+
+def _check(fn, items, params, scheduler: Scheduler = "agenda"):  # noqa: ANN001, ANN202
+    got, stats = bf.batch_map(fn, items, scheduler=scheduler, return_stats=True)
+    want = [fn(item) for item in items]
+    for g, e in zip(got, want, strict=True):
+        assert g.dtype == e.dtype and g.shape == e.shape
+        torch.testing.assert_close(g, e)
+    grads = torch.autograd.grad(torch.stack([g.sum() for g in got]).sum(), params)
+    expected = torch.autograd.grad(torch.stack([e.sum() for e in want]).sum(), params)
+    for g, e in zip(grads, expected, strict=True):
+        torch.testing.assert_close(g, e)
+    assert stats.plan is not None
+    return stats
+
+
+@pytest.mark.parametrize("scheduler", ["agenda", "depth"])
+def test_a_per_instance_position_picks_in_one_step(scheduler: Scheduler) -> None:
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(3, 7).double()
+
+    def nll(item: tuple[torch.Tensor, int]) -> torch.Tensor:
+        x, gold = item
+        return -torch.log_softmax(lin(torch.as_tensor(x)), 0)[gold]
+
+    golds = [3, 0, 6, -1, -7, 3, 2, 5, 1, 4, 6, 0]
+    items = [(torch.randn(3, dtype=torch.float64), g) for g in golds]
+    stats = _check(nll, items, list(lin.parameters()), scheduler)
+    assert stats.plan is not None
+    picks = [s for s in stats.plan.steps if s.sig.name == "getitem"]
+    assert sum(len(s.nodes) for s in picks) == len(golds) and len(picks) <= 2
+
+
+@pytest.mark.parametrize("ragged", [True, False])
+@pytest.mark.parametrize("scheduler", ["agenda", "depth"])
+def test_positions_in_sequences_of_any_length_pick_in_one_step(
+    scheduler: Scheduler, ragged: bool
+) -> None:
+    torch.manual_seed(1)
+    w = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
+
+    def row(item: tuple[torch.Tensor, int]) -> torch.Tensor:
+        x, i = item
+        states = torch.tanh(torch.as_tensor(x) @ w)  # [T, 5], T differs per instance
+        return states[i] * states[-1]  # states[-1]: the same position, other lengths
+
+    lengths = [1, 3, 3, 5, 2, 5, 3, 1, 4]
+    items = [
+        (torch.randn(t, 4, dtype=torch.float64), (7 * k) % t - (k % 2) * t)
+        for k, t in enumerate(lengths)
+    ]
+    got, stats = bf.batch_map(row, items, scheduler=scheduler, ragged=ragged, return_stats=True)
+    want = [row(item) for item in items]
+    for g, e in zip(got, want, strict=True):
+        torch.testing.assert_close(g, e)
+    (grad,) = torch.autograd.grad(torch.stack([g.sum() for g in got]).sum(), w)
+    (expected,) = torch.autograd.grad(torch.stack([e.sum() for e in want]).sum(), w)
+    torch.testing.assert_close(grad, expected)
+    assert stats.plan is not None
+    picks = [s for s in stats.plan.steps if s.sig.name == "getitem"]
+    assert sum(len(s.nodes) for s in picks) == 2 * len(items)
+    if ragged:  # the first call's own step, then one packed pick of all the others
+        assert len(picks) == 2 and picks[1].lengths is not None
+
+
+def test_a_write_into_a_picked_row_is_refused_as_for_any_view() -> None:
+    # a picked row is a view of its matrix in eager; a write through it cannot be batched
+    w = torch.randn(3, 4, dtype=torch.float64)
+
+    def fn(item: tuple[torch.Tensor, int]) -> torch.Tensor:
+        x, i = item
+        h = torch.as_tensor(x) * w
+        r = h[i]
+        r.mul_(2.0)
+        return h.sum() + r
+
+    items = [(torch.randn(3, 4, dtype=torch.float64), i) for i in (0, 2, 1, 2, -3)]
+    with pytest.raises(UnsupportedOpError, match="writes into a view"):
+        bf.batch_map(fn, items)
+
+
+def test_bool_and_out_of_range_positions_keep_eager_meaning() -> None:
+    w = torch.randn(3, dtype=torch.float64, requires_grad=True)
+
+    def fn(item: tuple[torch.Tensor, bool]) -> torch.Tensor:
+        x, flag = item
+        return (torch.as_tensor(x) * w)[flag]  # x[True] adds a dim, x[False] is empty
+
+    items = [(torch.randn(3, dtype=torch.float64), flag) for flag in (True, False, True)]
+    _check(fn, items, [w])
+
+    def pick(item: tuple[torch.Tensor, int]) -> torch.Tensor:
+        x, i = item
+        return (torch.as_tensor(x) * w)[i]
+
+    with pytest.raises(IndexError):
+        pick((torch.randn(3, dtype=torch.float64), 3))
+    with pytest.raises(ShapeError, match="index 3 is out of bounds for dimension 0 with size 3"):
+        bf.batch_map(pick, [(torch.randn(3, dtype=torch.float64), i) for i in (0, 1, 3)])

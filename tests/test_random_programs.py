@@ -41,6 +41,7 @@ KINDS = [
     "zero_d_int",
     "sum_kw",
     "branch",
+    "pick",
 ]
 
 
@@ -101,6 +102,8 @@ def run(program: list[tuple[str, int, int]], x: tuple[float, ...], shared: Share
             extras.append((ra * 10).int() + torch.tensor(b + 1))
         elif kind == "sum_kw":
             regs[a] = ra + torch.sum(input=rb, dim=0, keepdim=True)
+        elif kind == "pick":  # a position that differs per instance (negative at times)
+            regs[a] = ra + rb[int(abs(x[1]) * 7) % DIM - (b % 2) * DIM]
         elif kind == "branch" and x[0] > 0:  # instances differ in structure
             regs[a] = torch.sigmoid(ra) * rb
     return [*regs, shared.lin(regs[0]), *extras]  # every program reaches the parameters

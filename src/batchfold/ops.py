@@ -30,6 +30,7 @@ from .opbase import (
     named,
     register,
 )
+from .ops_views import shift_dim  # also registers indexing and view rules
 
 Tensor = torch.Tensor
 __all__ = [
@@ -235,12 +236,6 @@ def _with_dim(args: tuple[Any, ...], kwargs: dict[str, Any], pos: int, dim: Any)
     return args[:pos] + (dim,) + args[pos + 1 :], kwargs
 
 
-def _shift(dim: Any, rank: int) -> Any:
-    if isinstance(dim, (tuple, list)):
-        return tuple(d % rank + 1 for d in dim)
-    return dim % rank + 1
-
-
 def dimwise(pos: int, default: Any = 0, extra_rank: int = 0, cheap: bool = False) -> OpRule:
     """A rule for ops whose ``dim`` argument sits at position ``pos`` (or is a keyword).
 
@@ -251,7 +246,9 @@ def dimwise(pos: int, default: Any = 0, extra_rank: int = 0, cheap: bool = False
         args, kwargs = sig.template
         rank = len(sig.in_metas[0].shape) + extra_rank
         dim = dim_arg(args, kwargs, pos, default)
-        args, kwargs = _with_dim(fill(args, inputs), fill(kwargs, inputs), pos, _shift(dim, rank))
+        args, kwargs = _with_dim(
+            fill(args, inputs), fill(kwargs, inputs), pos, shift_dim(dim, rank)
+        )
         return sig.func(*args, **kwargs)
 
     def applies(
@@ -312,7 +309,7 @@ def listwise(extra_rank: int) -> OpRule:
         args, kwargs = sig.template
         first = next(a for a in args[0] if type(a) is Slot)
         rank = len(sig.in_metas[first.index].shape) + extra_rank
-        dim = _shift(dim_arg(args, kwargs, 1, 0), rank)
+        dim = shift_dim(dim_arg(args, kwargs, 1, 0), rank)
         parts = [inputs[a.index] if type(a) is Slot else a.expand(n, *a.shape) for a in args[0]]
         return sig.func(parts, dim)
 
@@ -321,69 +318,6 @@ def listwise(extra_rank: int) -> OpRule:
 
 register(named("cat", "concat", "concatenate"), listwise(0))
 register(named("stack"), listwise(1))
-
-
-# indexing and views ----------------------------------------------------------------------
-
-
-def _plain_index(
-    args: tuple[Any, ...], kwargs: dict[str, Any], metas: tuple[TensorMeta, ...]
-) -> bool:
-    index = args[1] if isinstance(args[1], tuple) else (args[1],)
-    return type(args[0]) is Slot and all(
-        i is None or i is Ellipsis or type(i) in (int, slice) for i in index
-    )
-
-
-def batched_getitem(sig: Signature, inputs: list[Tensor], n: int) -> Any:
-    """``x[i, 1:3, None]`` per instance is ``x[:, i, 1:3, None]`` over the batch."""
-    index = sig.template[0][1]
-    return inputs[0][(slice(None),) + (index if isinstance(index, tuple) else (index,))]
-
-
-RULES[torch.Tensor.__getitem__] = OpRule("getitem", batched_getitem, True, _plain_index)
-
-
-def batched_reshape(sig: Signature, inputs: list[Tensor], n: int) -> Any:
-    """Ops that only regroup elements: reshape the batch to the known output shape."""
-    return inputs[0].reshape(n, *sig.out_metas[0].shape)
-
-
-register(
-    named("reshape", "view", "flatten", "squeeze", "unsqueeze", "ravel", "view_as", "reshape_as"),
-    OpRule("reshape", batched_reshape, cheap=True, applies=lambda a, k, m: type(a[0]) is Slot),
-)
-
-
-def batched_expand(sig: Signature, inputs: list[Tensor], n: int) -> Any:
-    """``expand``/``broadcast_to``: lift to the output rank, then expand behind the batch dim."""
-    shape = sig.out_metas[0].shape
-    return lift(inputs[0], len(shape)).expand(n, *shape)
-
-
-register(
-    named("expand", "expand_as", "broadcast_to"),
-    OpRule("expand", batched_expand, cheap=True, applies=lambda a, k, m: type(a[0]) is Slot),
-)
-
-
-def batched_transpose(sig: Signature, inputs: list[Tensor], n: int) -> Any:
-    """``transpose``/``t``/``permute`` with every per-instance dim moved one place right."""
-    args, _ = sig.template
-    rank = len(sig.in_metas[0].shape)
-    x = inputs[0]
-    if sig.func in (torch.t, torch.Tensor.t):
-        return x if rank < 2 else x.transpose(1, 2)
-    if sig.func in (torch.permute, torch.Tensor.permute):
-        dims = args[1] if len(args) == 2 and isinstance(args[1], (tuple, list)) else args[1:]
-        return x.permute(0, *_shift(tuple(dims), rank))
-    return x.transpose(_shift(args[1], rank), _shift(args[2], rank))
-
-
-register(
-    named("t", "transpose", "swapaxes", "permute"),
-    OpRule("transpose", batched_transpose, True, lambda a, k, m: type(a[0]) is Slot and not k),
-)
 
 
 def rule_for(

@@ -88,6 +88,10 @@ def run_family(
         rows, index = inputs
         index = _global_index(sig, index, segment, sizes[0], allow_negative=True)
         out = rows.index_select(0, index)
+    elif kind == "pick":
+        rows, index = inputs
+        owner = torch.arange(n, device=index.device)
+        out = rows.index_select(0, _global_index(sig, index, owner, lengths, allow_negative=True))
     elif kind == "index_add":
         assert sizes is not None
         target, index, source = inputs

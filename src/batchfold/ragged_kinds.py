@@ -180,8 +180,10 @@ def _index_kind(
         if func is not _GETITEM and args[1] not in (0, -len(in_metas[0].shape)):
             return None
         rows, index = in_metas
-        if index.dtype != torch.int64 or len(index.shape) != 1 or not rows.shape:
+        if index.dtype != torch.int64 or len(index.shape) > 1 or not rows.shape:
             return None
+        if not index.shape:  # x[i], one row per node (a position read per instance)
+            return ("pick", (True, False), (False,), rows.shape[0]) if func is _GETITEM else None
         return "index_rows", (True, True), (True,), index.shape[0]
     if len(args) != 4 or args[1] != 0 or type(args[2]) is not Slot or len(in_metas) != 3:
         return None

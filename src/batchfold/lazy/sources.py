@@ -15,7 +15,7 @@ import torch
 from ..graph import Signature, TensorMeta
 from ..opbase import named
 from ..ops import OpRule
-from ..ragged import join_family
+from ..ragged import join_family, ragged_meta
 from .dispatch import ORIGINAL_TENSOR
 from .semantics import is_random
 from .sites import func_name, user_site
@@ -63,6 +63,7 @@ _NUMBER_OPS = frozenset(
         ),
     ]
 )
+_GETITEM = Tensor.__getitem__
 _OPERAND_DTYPES = frozenset([torch.float32, torch.float64])
 _SWITCHED = object()
 _SCALAR_DTYPES: dict[type, torch.dtype | None] = {int: torch.int64, bool: torch.bool, float: None}
@@ -94,7 +95,11 @@ class SourceMaker:
         tensors, where eager PyTorch computes with the number cast to the tensor's dtype (as
         a 0-d tensor of that dtype is), so values and dtypes stay eager's.
         """
-        if kwargs or len(args) != 2 or func not in _NUMBER_OPS:
+        if kwargs or len(args) != 2:
+            return None
+        if func is _GETITEM:
+            return self._index_operand(*args)
+        if func not in _NUMBER_OPS:
             return None
         a, b = args
         if type(a) is Lazy and (type(b) is float or type(b) is int):
@@ -118,6 +123,36 @@ class SourceMaker:
         with torch._C.DisableTorchFunction():  # from a Lazy method the mode is still on
             value = self.number((number,), {"dtype": meta.dtype, "device": meta.device})
         return (lazy, value) if at == 1 else (value, lazy)
+
+    def _index_operand(self, x: Any, index: Any) -> tuple[Lazy, Lazy] | None:
+        """``x[i]`` whose Python ``int`` ``i`` has differed between calls: ``i`` as a source.
+
+        ``log_probs[gold]`` or ``states[head]`` with a different position per instance would
+        otherwise make a signature per position, each batched only with the instances that
+        pick the same one (a decoder's per-step loss ran as 35 steps of 2 or 3 rows). Once a
+        second position is seen for the same ``x`` meta, ``i`` becomes a 0-d int64 tensor read
+        per instance, and ``x[i]`` one batched pick. Positions out of ``x``'s range stay
+        Python ints, so that the call fails as eager indexing does. With ragged batching an
+        ``x`` of another length counts as a new position too.
+        """
+        if type(x) is not Lazy or type(index) is not int:
+            return None
+        shape = x._meta.shape
+        if not shape or not -shape[0] <= index < shape[0]:
+            return None
+        meta = x._meta
+        # with ragged batching, x of another length counts as another position (states[-1]
+        # of sequences of any length is one pick over their packed rows)
+        pattern = (_GETITEM, ragged_meta(meta) if self.rec.ragged else meta)
+        operands = self.rec.graph.operands
+        seen = operands.get(pattern, (meta, index))
+        if seen is not _SWITCHED and seen == (meta, index):
+            operands[pattern] = seen
+            return None
+        operands[pattern] = _SWITCHED
+        with torch._C.DisableTorchFunction():  # from a Lazy method the mode is still on
+            value = self.number((index,), {"device": meta.device})
+        return None if value is None else (x, value)
 
     def number(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Lazy | None:
         """``torch.tensor(value, dtype=..., device=...)`` of a Python number: a source node.
