@@ -210,6 +210,40 @@ def test_greedy_decoding_with_attention_gives_the_tokens_of_one_at_a_time() -> N
             assert stats.syncs == max(map(len, want)) and stats.ragged_steps > 0
 
 
+@pytest.mark.parametrize("scheduler", ["agenda", "depth"])
+def test_training_on_greedy_predictions_equals_eager(scheduler: Scheduler) -> None:
+    # the summed log-likelihood of a per-instance target under greedy decoding: a pick of
+    # the gold token per step (one batched pick), sync points, ragged attention
+    torch.manual_seed(4)
+    embed = torch.nn.Embedding(12, 6).double()
+    cell = torch.nn.GRUCell(6, 6).double()
+    head = torch.nn.Linear(12, 12).double()
+    params = [*embed.parameters(), *cell.parameters(), *head.parameters()]
+
+    def loss(tokens: list[int]) -> torch.Tensor:
+        states = torch.tanh(embed(torch.tensor(tokens)))
+        h, token, score, steps = states[-1], tokens[-1], torch.zeros(()), 0
+        while steps < 6:
+            h = cell(embed(torch.tensor(token)), h)
+            logits = head(torch.cat([h, torch.softmax(states @ h, 0) @ states]))
+            if steps < len(tokens):
+                score = score - torch.log_softmax(logits, 0)[tokens[::-1][steps]]
+            token, steps = int(logits.argmax()), steps + 1
+            if token == 0:
+                break
+        return score
+
+    rng = random.Random(6)
+    sources = [[rng.randrange(1, 12) for _ in range(rng.randint(1, 9))] for _ in range(10)]
+    want = [loss(s) for s in sources]
+    got, stats = bf.batch_map(loss, sources, scheduler=scheduler, return_stats=True)
+    torch.testing.assert_close(torch.stack(got), torch.stack(want))
+    grads = torch.autograd.grad(torch.stack(got).sum(), params)
+    for g, e in zip(grads, torch.autograd.grad(torch.stack(want).sum(), params), strict=True):
+        torch.testing.assert_close(g, e)
+    assert stats.syncs > 1 and stats.ragged_steps > 0
+
+
 @pytest.mark.parametrize("reduction", ["sum", "mean"])
 def test_cross_entropy_over_rows(reduction: str) -> None:
     xs = _batch(True, seed=4)
