@@ -156,3 +156,44 @@ def test_bool_and_out_of_range_positions_keep_eager_meaning() -> None:
         pick((torch.randn(3, dtype=torch.float64), 3))
     with pytest.raises(ShapeError, match="index 3 is out of bounds for dimension 0 with size 3"):
         bf.batch_map(pick, [(torch.randn(3, dtype=torch.float64), i) for i in (0, 1, 3)])
+
+
+@pytest.mark.parametrize("made", ["with grad", "without grad"])
+def test_picks_outside_grad_mode_keep_eagers_requires_grad(made: str) -> None:
+    # eager's x[i] is a view: taken under no_grad it keeps x's requires_grad; a pick is a copy,
+    # so it is taken only of an x made outside grad mode too (which requires none)
+    w = torch.randn(3, 2, dtype=torch.float64, requires_grad=True)
+
+    def fn(item: tuple[torch.Tensor, int]) -> torch.Tensor:
+        x, i = item
+        if made == "with grad":
+            h = torch.as_tensor(x) @ w
+            with torch.no_grad():
+                return h[i]
+        with torch.no_grad():
+            return torch.log_softmax(torch.as_tensor(x) @ w, 0)[i]
+
+    items = [(torch.randn(3, 3, dtype=torch.float64), i) for i in (0, 2, -1, 1, 2)]
+    got, stats = bf.batch_map(fn, items, return_stats=True)
+    want = [fn(item) for item in items]
+    assert [g.requires_grad for g in got] == [e.requires_grad for e in want]
+    for g, e in zip(got, want, strict=True):
+        torch.testing.assert_close(g, e)
+    assert stats.plan is not None
+    picks = [s for s in stats.plan.steps if s.sig.name == "getitem"]
+    assert len(picks) == (4 if made == "with grad" else 2)  # a step per position, or a pick
+
+
+def test_a_users_index_tensor_out_of_range_fails_as_in_eager() -> None:
+    def fn(item: tuple[torch.Tensor, int]) -> torch.Tensor:
+        x, i = item
+        return (torch.as_tensor(x) * 2)[torch.tensor(i)]
+
+    items = [(torch.randn(3, 2), i) for i in (0, 5, 1)]
+    with pytest.raises(IndexError, match="index 5 is out of bounds for dimension 0 with size 3"):
+        fn(items[1])
+    with pytest.raises(IndexError, match=r"getitem at .*test_number_operands.py.*index 5 is out"):
+        bf.batch_map(fn, items)
+    got = bf.batch_map(fn, [items[0], items[2]])
+    for g, item in zip(got, [items[0], items[2]], strict=True):
+        torch.testing.assert_close(g, fn(item))

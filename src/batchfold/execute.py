@@ -360,6 +360,8 @@ def _call_rule(
     try:
         out = rule.batched(sig, inputs, n)
     except Exception as error:
+        if isinstance(error, rule.user_errors):
+            raise
         if rule is not VMAP:
             raise BatchingRuleError(
                 f"batching rule {rule.name!r} of {sig.name} (recorded at {sig.site}) failed "

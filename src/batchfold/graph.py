@@ -54,6 +54,8 @@ class Graph:
         self.views: set[int] = set()  # signatures whose outputs may view their first input
         self.kept = 0  # signatures below this id were kept from earlier runs
         self.operands: dict[Any, Any] = {}  # numbers seen per op (lazy.sources.operand)
+        # pending values made outside grad mode by ops that are not views: they need no grad
+        self.no_grad_values: set[int] = set()
         self.macros: dict[Any, Any] = {}  # ragged macros kept with it (lazy.ragged_macros)
         self._weakly_kept: list[Signature] = []  # kept signatures whose keep is a weak reference
         self._arrays: tuple[list[int], list[int], list[int]] = ([], [], [])
@@ -139,6 +141,7 @@ class Graph:
         for pool in self.touched:
             self.pending_of[pool] = Pending()
         self.touched = []
+        self.no_grad_values = set()  # kept for pending values only
 
     def signature_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Each signature's number of inputs, whether its rule is expensive (not ``cheap``),
@@ -200,6 +203,7 @@ class Graph:
                 self.pending_of[pool] = Pending()
         self.pending_of = self.pending_of[:start] + [Pending() for _ in kept]
         self.node_base, self.node_depth, self.touched = 0, [], []
+        self.no_grad_values = set()
         self.kept = len(self.signatures)
         self._arrays = tuple(a[:start] for a in self._arrays)  # type: ignore[assignment]
         self._weakly_kept = [sig for sig in self.signatures if sig.keep is not True]
@@ -209,7 +213,7 @@ class Graph:
         self.signatures, self.pending_of, self.node_depth = [], [], []
         self.families, self._by_key, self.touched, self.views = {}, {}, [], set()
         self.kept, self._arrays, self.operands, self.macros = 0, ([], [], []), {}, {}
-        self._weakly_kept = []
+        self._weakly_kept, self.no_grad_values = [], set()
 
     def lint(self) -> None:
         """Check the pending segment's invariants; raise :class:`GraphError` on a broken graph.

@@ -31,6 +31,9 @@ class OpRule:
     cheap: bool = False
     # whether the rule fits a call's template and per-instance input metas; else vmap
     applies: Callable[[tuple[Any, ...], dict[str, Any], tuple[TensorMeta, ...]], bool] | None = None
+    # errors the rule raises about the instances' values (an index out of range), as eager
+    # raises them: passed on to the user, where any other error is a bug in the rule
+    user_errors: tuple[type[Exception], ...] = ()
 
 
 RULES: dict[Any, OpRule] = {}

@@ -40,12 +40,22 @@ def batched_getitem(sig: Signature, inputs: list[Tensor], n: int) -> Any:
     with a per-instance 0-d index ``i`` picks row ``i[k]`` of each ``x[k]``."""
     x, index = sig.template[0]
     if type(index) is Slot:
-        rows = inputs[x.index]
-        return rows[torch.arange(n, device=rows.device), inputs[index.index]]
+        rows, at = inputs[x.index], inputs[index.index].to(inputs[x.index].device)
+        size = rows.shape[1]
+        bad = (at < -size) | (at >= size)
+        if len(at) and bool(bad.any()):  # a user's index tensor: eager's error, not a wrong row
+            k = int(bad.nonzero()[0, 0])
+            raise IndexError(
+                f"{sig.name} at {sig.site}: index {int(at[k])} is out of bounds for dimension 0 "
+                f"with size {size} (as eager PyTorch refuses it)"
+            )
+        return rows[torch.arange(n, device=rows.device), at]
     return inputs[0][(slice(None),) + (index if isinstance(index, tuple) else (index,))]
 
 
-RULES[torch.Tensor.__getitem__] = OpRule("getitem", batched_getitem, True, _plain_index)
+RULES[torch.Tensor.__getitem__] = OpRule(
+    "getitem", batched_getitem, True, _plain_index, user_errors=(IndexError,)
+)
 
 
 def batched_reshape(sig: Signature, inputs: list[Tensor], n: int) -> Any:

@@ -89,7 +89,7 @@ def run_family(
         index = _global_index(sig, index, segment, sizes[0], allow_negative=True)
         out = rows.index_select(0, index)
     elif kind == "pick":
-        rows, index = inputs
+        rows, index = inputs[0], inputs[1].to(inputs[0].device)  # eager takes a CPU index
         owner = torch.arange(n, device=index.device)
         out = rows.index_select(0, _global_index(sig, index, owner, lengths, allow_negative=True))
     elif kind == "index_add":

@@ -158,6 +158,8 @@ class Recorder(InPlaceWrites, SignatureMaker, TorchFunctionMode):
         first = graph.add(sig, inputs, self.instance)
         if self.trace is not None:
             self.trace.add(sig, inputs, first)
+        if mode != 1 and sig.id not in graph.views:  # its values require no grad (a pick may copy)
+            graph.no_grad_values.update(range(first, first + len(sig.out_metas)))
         if sig.multi is None:
             out = Lazy(self, first, sig.out_metas[0])
             if sig.id in graph.views:
@@ -183,7 +185,10 @@ class Recorder(InPlaceWrites, SignatureMaker, TorchFunctionMode):
         sig = graph.lookup((func, tuple(metas), mode))
         if not inputs or sig is None or sig.multi is not None or sig.id in graph.views:
             return None
-        return Lazy(self, graph.add(sig, inputs, self.instance), sig.out_metas[0])
+        vid = graph.add(sig, inputs, self.instance)
+        if mode != 1:
+            graph.no_grad_values.add(vid)
+        return Lazy(self, vid, sig.out_metas[0])
 
     def args_key(self, args: tuple[Any, ...], inputs: list[int]) -> tuple[Any, ...]:
         """The key of positional arguments (see :meth:`_key`), flat ones without recursion."""

@@ -64,6 +64,7 @@ _NUMBER_OPS = frozenset(
     ]
 )
 _GETITEM = Tensor.__getitem__
+_grad_enabled = torch.is_grad_enabled
 _OPERAND_DTYPES = frozenset([torch.float32, torch.float64])
 _SWITCHED = object()
 _SCALAR_DTYPES: dict[type, torch.dtype | None] = {int: torch.int64, bool: torch.bool, float: None}
@@ -131,12 +132,16 @@ class SourceMaker:
         otherwise make a signature per position, each batched only with the instances that
         pick the same one (a decoder's per-step loss ran as 35 steps of 2 or 3 rows). Once a
         second position is seen for the same ``x`` meta, ``i`` becomes a 0-d int64 tensor read
-        per instance, and ``x[i]`` one batched pick. Positions out of ``x``'s range stay
+        per instance, and ``x[i]`` one batched pick. Outside grad mode only where ``x`` was made
+        outside it too: eager's ``x[i]`` is a view and keeps ``x``'s ``requires_grad``, which
+        a pick (a copy) would not. Positions out of ``x``'s range stay
         Python ints, so that the call fails as eager indexing does. With ragged batching an
         ``x`` of another length counts as a new position too.
         """
         if type(x) is not Lazy or type(index) is not int:
             return None
+        if not _grad_enabled() and x._vid not in self.rec.graph.no_grad_values:
+            return None  # x may require grad: eager's x[i] is a view that does too, a pick not
         shape = x._meta.shape
         if not shape or not -shape[0] <= index < shape[0]:
             return None
