@@ -88,6 +88,8 @@ def run_family(
         rows, index = inputs
         index = _global_index(sig, index, segment, sizes[0], allow_negative=True)
         out = rows.index_select(0, index)
+    elif kind == "pick_at":
+        out = inputs[0].index_select(0, _rows_at(sig, sig.template[0][1], lengths, inputs[0]))
     elif kind == "pick":
         rows, index = inputs[0], inputs[1].to(inputs[0].device)  # eager takes a CPU index
         owner = torch.arange(n, device=index.device)
@@ -119,6 +121,19 @@ def _global_index(
         )
     start = torch.from_numpy(np.cumsum(rows) - rows).to(index.device).index_select(0, owner)
     return torch.where(index < 0, index + count, index) + start
+
+
+def _rows_at(sig: Signature, i: int, lengths: np.ndarray, rows: Tensor) -> Tensor:
+    """Row ``i`` of every node (``x[i]`` with one int ``i``) as indices into the packed rows;
+    a node without that row is an error, as eagerly (a replayed module call of any length)."""
+    bad = np.flatnonzero(lengths <= i if i >= 0 else lengths < -i)
+    if len(bad):
+        raise IndexError(
+            f"{sig.name} at {sig.site}: index {i} is out of range for an instance with "
+            f"{int(lengths[bad[0]])} rows (as eager PyTorch refuses it)"
+        )
+    at = np.cumsum(lengths) - lengths + (i if i >= 0 else lengths + i)
+    return torch.from_numpy(at).to(rows.device)
 
 
 def _block_diagonal(blocks: Tensor, rows: Tensor, lengths: np.ndarray) -> Tensor:

@@ -126,6 +126,8 @@ def _kind(
         fine = dims and all(isinstance(d, int) and d % out_rank != 0 for d in dims if d is not None)
         return "rows" if fine else None
     if func is _GETITEM and len(args) == 2:
+        if type(args[1]) is int:  # x[-1], x[0]: the same row of every node
+            return "pick_at"
         return "rows" if _rowwise_index(args[1], rank) else None
     if func in _UNFLATTEN or func in _FLATTEN:
         return _reshape_kind(func, args, kwargs, rank)

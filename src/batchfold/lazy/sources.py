@@ -135,24 +135,24 @@ class SourceMaker:
         per instance, and ``x[i]`` one batched pick. Outside grad mode only where ``x`` was made
         outside it too: eager's ``x[i]`` is a view and keeps ``x``'s ``requires_grad``, which
         a pick (a copy) would not. Positions out of ``x``'s range stay
-        Python ints, so that the call fails as eager indexing does. With ragged batching an
-        ``x`` of another length counts as a new position too.
+        Python ints, so that the call fails as eager indexing does. With ragged batching the
+        positions are counted over ``x`` of every length.
         """
-        if type(x) is not Lazy or type(index) is not int:
-            return None
+        if type(x) is not Lazy or type(index) is not int or self.rec.trace is not None:
+            return None  # in a traced module call, x[-1] stays one op of its template
         if not _grad_enabled() and x._vid not in self.rec.graph.no_grad_values:
             return None  # x may require grad: eager's x[i] is a view that does too, a pick not
         shape = x._meta.shape
         if not shape or not -shape[0] <= index < shape[0]:
             return None
         meta = x._meta
-        # with ragged batching, x of another length counts as another position (states[-1]
-        # of sequences of any length is one pick over their packed rows)
+        # with ragged batching, positions in x of any length count together (x[-1] of any
+        # length is one ragged step already; x[i] with i differing is one pick)
         pattern = (_GETITEM, ragged_meta(meta) if self.rec.ragged else meta)
         operands = self.rec.graph.operands
-        seen = operands.get(pattern, (meta, index))
-        if seen is not _SWITCHED and seen == (meta, index):
-            operands[pattern] = seen
+        seen = operands.get(pattern, index)
+        if seen is not _SWITCHED and seen == index:
+            operands[pattern] = index
             return None
         operands[pattern] = _SWITCHED
         with torch._C.DisableTorchFunction():  # from a Lazy method the mode is still on
