@@ -213,3 +213,19 @@ def test_the_same_row_of_sequences_of_any_length_is_one_step(scheduler: Schedule
     assert stats.plan is not None
     picks = [s for s in stats.plan.steps if s.sig.name == "getitem"]
     assert len(picks) == 2 and picks[-1].lengths is not None  # the first call, then a pick
+
+
+def test_the_same_row_outside_grad_mode_keeps_eagers_requires_grad() -> None:
+    w = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        h = torch.as_tensor(x) @ w
+        with torch.no_grad():
+            return h[-1]
+
+    items = [torch.randn(t, 4, dtype=torch.float64) for t in [1, 3, 5, 2, 3]]
+    got = bf.batch_map(fn, items)
+    want = [fn(x) for x in items]
+    assert [g.requires_grad for g in got] == [e.requires_grad for e in want]
+    for g, e in zip(got, want, strict=True):
+        torch.testing.assert_close(g, e)

@@ -155,8 +155,8 @@ def join_family(families: dict[Any, Family], sig: Signature, key: Any) -> None:
         fkey: Any = ("source", ragged_meta(meta))
     else:
         found = classify(sig.func, sig.rule, sig.template, sig.in_metas, sig.out_metas)
-        if found is None:
-            return
+        if found is None or (found[0] == "pick_at" and sig.grad != 1):
+            return  # x[-1] outside grad mode is a view keeping x's requires_grad; a pick copies
         fkey = (found[0], family_key(key, found[1], 0 if found[0] == "blockdiag" else -1))
     kind, ragged_in, ragged_out, length = found
     family = families.get(fkey)
