@@ -64,6 +64,14 @@ CASES: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], bool]] = {
         False,
     ),
     "an op without a ragged rule between": (lambda x: _h(x).flip(0).cumsum(0) * _h(x), False),
+    "slices and cat along the rows": (
+        lambda x: torch.cat([_h(x)[1:] - _h(x)[:-1], _h(x)[-2:], _h(x)[:1] * 3], 0).exp(),
+        False,
+    ),
+    "the same row and per-instance rows": (
+        lambda x: _h(x)[-1] * _h(x)[0] + _h(x)[len(x) // 2],
+        True,
+    ),
     "recurrent layers on whole sequences": (
         lambda x: lstm(_h(x))[0].sum(0) + gru(_h(x))[1].sum() + lstm(_h(x))[1][1].sum(),
         True,

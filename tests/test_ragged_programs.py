@@ -79,6 +79,7 @@ KINDS = [
     "index_add",
     "column",
     "rotate_rows",
+    "neighbours",
     "detach",
     "branch_on_value",
     *ROW_KINDS,
@@ -149,16 +150,20 @@ def run(program: list[tuple[str, int, int]], x: torch.Tensor, shared: Shared) ->
             seqs[a] = seqs[a] * seqs[b][:, b : b + 1]
         elif kind == "rotate_rows":
             seqs[a] = torch.cat([seqs[b][1:], seqs[b][:1]], 0)
+        elif kind == "neighbours":  # slices along the rows, joined again: the same length
+            seqs[a] = torch.cat([seqs[b][:1], seqs[b][1:] - seqs[b][:-1]], 0) + seqs[a]
         elif kind == "detach":
             seqs[a] = seqs[a] * seqs[b].detach()
         elif kind == "branch_on_value":  # a value read: a sync point, then per-instance paths
-            if float(seqs[b].detach().sum()) > 0:
+            # away from 0, where a layer norm's rows sum to within rounding of either side
+            if float(seqs[b].detach().sum()) > 0.37:
                 seqs[a] = torch.sigmoid(seqs[a])
         elif kind == "set_row":
             seqs[a] = seqs[a].clone()
             seqs[a][0] = vecs[b]
         elif kind == "argmax_pick":  # a position read from a value (a sync point), then picked
-            vecs[a] = vecs[a] + seqs[b][int(seqs[b][:, 0].detach().argmax())]
+            # read from the input itself: computed values can tie to within rounding
+            vecs[a] = vecs[a] + seqs[b][int(h[:, a].argmax())]
     return [*seqs, *vecs, shared.lin(vecs[0] + seqs[0].sum(0))]
 
 

@@ -162,7 +162,9 @@ def join_family(families: dict[Any, Family], sig: Signature, key: Any) -> None:
     family = families.get(fkey)
     if family is None:
         square = 0 if kind == "blockdiag" else -1
-        secondary = {"index_rows": (0,), "index_add": (1, 2)}.get(kind, ())
+        secondary = {"index_rows": (0,), "index_add": (1, 2), "slice_rows": (0,)}.get(kind, ())
+        if kind == "cat_rows":
+            secondary = tuple(range(len(ragged_in)))
         family = Family(
             len(families),
             kind,
@@ -176,6 +178,7 @@ def join_family(families: dict[Any, Family], sig: Signature, key: Any) -> None:
         families[fkey] = family
         if (
             sig.source is None
+            and kind not in ("slice_rows", "cat_rows")  # their length is not their inputs'
             and (square < 0 or len(sig.in_metas[1].shape) == 2)
             and member_pattern(sig.func, _first_is_slot(sig), sig.in_metas) == (ragged_in, length)
         ):

@@ -88,6 +88,19 @@ def run_family(
         rows, index = inputs
         index = _global_index(sig, index, segment, sizes[0], allow_negative=True)
         out = rows.index_select(0, index)
+    elif kind == "slice_rows":
+        assert sizes is not None
+        rows = sizes[0]
+        start = _slice_start(sig.template[0][1], rows) + np.cumsum(rows) - rows
+        index = torch.from_numpy(expand_rows(start, lengths)).to(inputs[0].device)
+        out = inputs[0].index_select(0, index)
+    elif kind == "cat_rows":
+        assert sizes is not None
+        counts = np.stack([sizes[j] for j in range(len(inputs))], axis=1)  # [n, inputs]
+        firsts = np.cumsum(counts, axis=0) - counts  # each piece's row in its input
+        firsts += np.cumsum([0] + [len(x) for x in inputs[:-1]])  # ... in their concatenation
+        index = expand_rows(firsts.ravel(), counts.ravel())  # node after node, pieces in order
+        out = torch.cat(inputs).index_select(0, torch.from_numpy(index).to(inputs[0].device))
     elif kind == "pick_at":
         out = inputs[0].index_select(0, _rows_at(sig, sig.template[0][1], lengths, inputs[0]))
     elif kind == "pick":
@@ -121,6 +134,15 @@ def _global_index(
         )
     start = torch.from_numpy(np.cumsum(rows) - rows).to(index.device).index_select(0, owner)
     return torch.where(index < 0, index + count, index) + start
+
+
+def _slice_start(s: slice, rows: np.ndarray) -> np.ndarray:
+    """Where ``x[s]`` starts in each node's ``rows`` rows (step 1; Python's clamping)."""
+    if s.start is None:
+        return np.zeros_like(rows)
+    if s.start >= 0:
+        return np.minimum(s.start, rows)
+    return np.maximum(rows + s.start, 0)
 
 
 def _rows_at(sig: Signature, i: int, lengths: np.ndarray, rows: Tensor) -> Tensor:

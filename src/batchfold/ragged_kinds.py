@@ -60,6 +60,9 @@ def classify(
     by_index = func is _GETITEM and len(template[0]) == 2 and type(template[0][1]) is Slot
     if func in _INDEX_SELECT or func in _INDEX_ADD or by_index:
         return _index_kind(func, template, in_metas)
+    joined = _rows_kind(func, template, in_metas, out_metas)
+    if joined is not None:
+        return joined
     generic = generic_pattern(in_metas)
     if generic is None:
         return None
@@ -195,6 +198,36 @@ def _index_kind(
     if source.shape[1:] != out.shape[1:] or source.shape[:1] != index.shape:
         return None
     return "index_add", (True, True, True), (True,), out.shape[0]
+
+
+def _rows_kind(
+    func: Any,
+    template: tuple[Any, Any],
+    in_metas: tuple[TensorMeta, ...],
+    out_metas: tuple[TensorMeta, ...],
+) -> tuple[str, tuple[bool, ...], tuple[bool, ...], int] | None:
+    """Rows sliced or joined along the leading dimension: ``x[a:b]`` and ``cat(xs, 0)``.
+
+    The node's length is the output's; each input keeps its own (a secondary input).
+    """
+    args, kwargs = template
+    if not out_metas or not out_metas[0].shape:
+        return None
+    if func is _GETITEM and len(args) == 2 and type(args[0]) is Slot and not kwargs:
+        s = args[1]
+        plain = type(s) is slice and all(
+            type(b) in (type(None), int) for b in (s.start, s.stop, s.step)
+        )
+        if plain and s.step in (None, 1) and len(in_metas) == 1:
+            return "slice_rows", (True,), (True,), out_metas[0].shape[0]
+        return None
+    if func in _CAT and args and all(type(t) is Slot for t in args[0]):
+        rank = len(in_metas[0].shape)
+        if rank and all(len(m.shape) == rank for m in in_metas):
+            dim = dim_arg(args, kwargs, 1, 0)
+            if type(dim) is int and dim % rank == 0:
+                return "cat_rows", (True,) * len(in_metas), (True,), out_metas[0].shape[0]
+    return None
 
 
 def _rowwise_index(index: Any, rank: int) -> bool:
