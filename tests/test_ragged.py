@@ -64,6 +64,20 @@ CASES: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], bool]] = {
         False,
     ),
     "an op without a ragged rule between": (lambda x: _h(x).flip(0).cumsum(0) * _h(x), False),
+    "along other dims": (
+        lambda x: (
+            F.normalize(_h(x), dim=-1)
+            + _h(x).norm(dim=-1).unsqueeze(-1)
+            + _h(x).cumsum(-1)
+            + torch.stack([_h(x), _h(x) * 2], -1).sum(-1)
+            + torch.cat(_h(x).split(1, -1)[::-1], -1)
+            + torch.cat(_h(x).chunk(3, 1), -1)
+            + _h(x).max(-1).values.unsqueeze(-1)
+            + _h(x).argmax(-1).unsqueeze(-1).double()
+        ),
+        False,
+    ),
+    "variance along other dims": (lambda x: _h(x).var(-1, keepdim=True) * _h(x).std(1), True),
     "slices and cat along the rows": (
         lambda x: torch.cat([_h(x)[1:] - _h(x)[:-1], _h(x)[-2:], _h(x)[:1] * 3], 0).exp(),
         False,

@@ -80,6 +80,7 @@ KINDS = [
     "column",
     "rotate_rows",
     "neighbours",
+    "along_features",
     "detach",
     "branch_on_value",
     *ROW_KINDS,
@@ -152,6 +153,11 @@ def run(program: list[tuple[str, int, int]], x: torch.Tensor, shared: Shared) ->
             seqs[a] = torch.cat([seqs[b][1:], seqs[b][:1]], 0)
         elif kind == "neighbours":  # slices along the rows, joined again: the same length
             seqs[a] = torch.cat([seqs[b][:1], seqs[b][1:] - seqs[b][:-1]], 0) + seqs[a]
+        elif kind == "along_features":  # ops that keep each row to itself
+            parts = torch.stack(seqs[a].chunk(DIM, -1), -1).sum(-1) * seqs[b].norm(
+                dim=-1, keepdim=True
+            )
+            seqs[a] = F.normalize(seqs[b], dim=-1) + parts + seqs[b].cumsum(-1)
         elif kind == "detach":
             seqs[a] = seqs[a] * seqs[b].detach()
         elif kind == "branch_on_value":  # a value read: a sync point, then per-instance paths

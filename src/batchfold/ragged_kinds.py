@@ -36,6 +36,17 @@ _TRANSPOSE = frozenset(named("transpose", "swapaxes"))
 _UNFLATTEN = frozenset(named("unflatten"))
 _FLATTEN = frozenset(named("flatten"))
 _GETITEM = torch.Tensor.__getitem__
+_STACK = frozenset(named("stack"))
+# ops that act along the dims their dim argument names (at this position, or this default
+# when left out), each row on its own when those dims leave dim 0 alone
+_ALONG_DIM: dict[Any, tuple[int, Any]] = {
+    **{f: (1, None) for f in named("cumsum", "cumprod", "argmax", "argmin", "var", "std")},
+    **{f: (1, None) for f in named("max", "min")},
+    **{f: (2, 0) for f in named("chunk", "split")},
+    **{f: (2, None) for f in named("norm")},
+    F.normalize: (2, 1),
+}
+_ALONG_DIM_KEYWORDS = frozenset(["dim", "keepdim", "dtype", "p", "eps", "correction", "out"])
 _INDEX_SELECT = frozenset(named("index_select"))
 _INDEX_ADD = frozenset(named("index_add"))
 _CROSS_ENTROPY = frozenset([F.cross_entropy])
@@ -104,6 +115,11 @@ def _kind(
         if not all(type(t) is Slot for t in args[0]):  # a shared tensor fixes the length
             return None
         return "rows" if type(dim) is int and dim % rank != 0 else None
+    if func in _STACK:  # stack(rows, dim): a new dim after the rows
+        dim = dim_arg(args, kwargs, 1, 0)
+        if not all(type(t) is Slot for t in args[0]):
+            return None
+        return "rows" if type(dim) is int and dim % (rank + 1) != 0 else None
     if type(args[0] if args else None) is not Slot:
         return None
     if func in _CROSS_ENTROPY:
@@ -123,6 +139,8 @@ def _kind(
         return _dim_kind(func, args, kwargs, metas, rank)
     if len(metas) != 1:
         return None
+    if func in _ALONG_DIM:
+        return "rows" if _along_other_dims(func, args, kwargs, rank) else None
     dims = args[1:] if not kwargs else (*args[1:], kwargs.get("dim"), kwargs.get("dim0"))
     if func in _SQUEEZE or func in _TRANSPOSE:
         out_rank = rank + 1 if func.__name__ == "unsqueeze" else rank
@@ -135,6 +153,18 @@ def _kind(
     if func in _UNFLATTEN or func in _FLATTEN:
         return _reshape_kind(func, args, kwargs, rank)
     return None
+
+
+def _along_other_dims(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], rank: int) -> bool:
+    """Whether an op of :data:`_ALONG_DIM` acts along named dims that leave dim 0 alone
+    (``h.chunk(4, -1)``, ``h.var(-1)``, ``F.normalize(h, dim=-1)``, ``logits.argmax(-1)``);
+    a bool where the dim would be (``var(x, True)``) or no dim is a reduction of everything."""
+    if not _ALONG_DIM_KEYWORDS.issuperset(kwargs):
+        return False
+    at, default = _ALONG_DIM[func]
+    dim = dim_arg(args, kwargs, at, default)
+    dims = dim if type(dim) in (tuple, list) else (dim,)
+    return bool(dims) and all(type(d) is int and d % rank != 0 for d in dims)
 
 
 def _reshape_kind(

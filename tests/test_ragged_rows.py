@@ -1,0 +1,81 @@
+"""Each op below runs as one ragged step over sequences of several lengths, as eager computes.
+
+Ops that keep each row to itself (along other dims), slices and ``cat`` along the rows, and
+picks of a row: values and gradients in float64 equal one instance at a time, and the op's
+step holds every length (``step.lengths`` set).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import batchfold as bf
+from batchfold.schedule import Scheduler
+
+W = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+Op = Callable[[torch.Tensor], torch.Tensor]
+
+# name -> (the op's step name, the op on h [L, 6]); every op keeps L >= 1 rows apart
+OPS: dict[str, tuple[str, Op]] = {
+    "chunk along features": ("chunk", lambda h: h.chunk(3, -1)[1]),
+    "split along features": ("split", lambda h: torch.split(h, [2, 4], dim=1)[1]),
+    "stack after the rows": ("stack", lambda h: torch.stack([h, -h], -1)),
+    "norm along features": ("norm", lambda h: h.norm(dim=-1)),
+    "normalize": ("normalize", lambda h: F.normalize(h, dim=-1)),
+    "variance": ("var", lambda h: h.var(-1)),
+    "standard deviation": ("std", lambda h: h.std(1, keepdim=True)),
+    "running sum along features": ("cumsum", lambda h: h.cumsum(-1)),
+    "max along features": ("max", lambda h: h.max(-1).values),
+    "argmax along features": ("argmax", lambda h: h * h.argmax(-1, keepdim=True)),
+    "slice of the rows": ("getitem", lambda h: h[1:]),
+    "slice from the end": ("getitem", lambda h: h[-2:]),
+    "cat along the rows": ("cat", lambda h: torch.cat([h, h[:1]], 0)),
+    "the last row": ("getitem", lambda h: h[-1]),
+}
+
+
+@pytest.mark.parametrize("scheduler", ["agenda", "depth"])
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_the_op_is_one_ragged_step_with_eagers_values(name: str, scheduler: Scheduler) -> None:
+    step_name, op = OPS[name]
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return op(torch.tanh(torch.as_tensor(x) @ W)) * 1.5
+
+    gen = torch.Generator().manual_seed(len(name))
+    xs = [torch.randn(n, 4, dtype=torch.float64, generator=gen) for n in (3, 1, 5, 2, 5, 4)]
+    got, stats = bf.batch_map(fn, xs, scheduler=scheduler, return_stats=True)
+    want = [fn(x) for x in xs]
+    for g, e in zip(got, want, strict=True):
+        torch.testing.assert_close(g, e)
+    (grad,) = torch.autograd.grad(torch.cat([g.flatten() for g in got]).sum(), W)
+    (expected,) = torch.autograd.grad(torch.cat([e.flatten() for e in want]).sum(), W)
+    torch.testing.assert_close(grad, expected)
+    assert stats.plan is not None
+    steps = [s for s in stats.plan.steps if s.sig.name == step_name]
+    assert len(steps) == 1 and steps[0].lengths is not None, stats.plan
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        lambda h: h.chunk(2)[0],  # along the rows: dim 0 by default
+        lambda h: h.var(),  # every element
+        lambda h: h.norm(),
+        lambda h: h.cumsum(0),
+        lambda h: torch.stack([h, h]),  # a new dim before the rows
+        lambda h: h[::2],
+    ],
+)
+def test_the_same_ops_along_the_rows_batch_by_shape_with_eagers_values(op: Op) -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return op(torch.tanh(torch.as_tensor(x) @ W))
+
+    xs = [torch.randn(n, 4, dtype=torch.float64) for n in (4, 2, 4, 6)]
+    got = bf.batch_map(fn, xs)
+    for g, x in zip(got, xs, strict=True):
+        torch.testing.assert_close(g, fn(x))
