@@ -229,3 +229,17 @@ def test_the_same_row_outside_grad_mode_keeps_eagers_requires_grad() -> None:
     assert [g.requires_grad for g in got] == [e.requires_grad for e in want]
     for g, e in zip(got, want, strict=True):
         torch.testing.assert_close(g, e)
+
+
+def test_a_row_a_new_length_lacks_fails_at_its_line() -> None:
+    w = torch.randn(4, 5, dtype=torch.float64)
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return (torch.as_tensor(x) @ w)[2]
+
+    items = [torch.randn(t, 4, dtype=torch.float64) for t in [3, 5, 4]]
+    bf.batch_map(fn, items)  # the same row of three lengths: known
+    with pytest.raises(
+        ShapeError, match=r"getitem at .*test_positions.py.*index 2 is out of bounds"
+    ):
+        bf.batch_map(fn, [*items, torch.randn(1, 4, dtype=torch.float64)])

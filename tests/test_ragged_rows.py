@@ -79,3 +79,39 @@ def test_the_same_ops_along_the_rows_batch_by_shape_with_eagers_values(op: Op) -
     got = bf.batch_map(fn, xs)
     for g, x in zip(got, xs, strict=True):
         torch.testing.assert_close(g, fn(x))
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        lambda h: torch.cat([h, h * 2], axis=1),  # NumPy's name for dim, which PyTorch takes
+        lambda h: torch.concatenate([h, h], axis=-1),
+        lambda h: torch.cat([h, h[:1]], axis=0),
+        lambda h: h.sum(axis=-1),
+        lambda h: torch.softmax(h, -1).sum(axis=0),
+    ],
+)
+@pytest.mark.parametrize("lengths", [(3, 1, 5, 2), (3, 3, 3)])
+def test_dims_named_axis_mean_what_they_mean_eagerly(op: Op, lengths: tuple[int, ...]) -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return op(torch.tanh(torch.as_tensor(x) @ W))
+
+    xs = [torch.randn(n, 4, dtype=torch.float64) for n in lengths]
+    for scheduler in ("agenda", "depth"):
+        got = bf.batch_map(fn, xs, scheduler=scheduler)
+        for g, x in zip(got, xs, strict=True):
+            torch.testing.assert_close(g, fn(x))
+
+
+def test_a_slice_outside_grad_mode_keeps_eagers_requires_grad() -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(torch.as_tensor(x) @ W)
+        with torch.no_grad():
+            return h[1:]
+
+    xs = [torch.randn(n, 4, dtype=torch.float64) for n in (3, 1, 5, 2, 5, 4)]
+    got = bf.batch_map(fn, xs)
+    want = [fn(x) for x in xs]
+    assert [g.requires_grad for g in got] == [e.requires_grad for e in want]
+    for g, e in zip(got, want, strict=True):
+        torch.testing.assert_close(g, e)

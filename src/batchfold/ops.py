@@ -224,14 +224,22 @@ register(
 
 
 def dim_arg(args: tuple[Any, ...], kwargs: dict[str, Any], pos: int, default: Any) -> Any:
-    """An op's ``dim`` argument: by keyword, else at position ``pos``, else ``default``."""
-    if "dim" in kwargs:
-        return kwargs["dim"]
+    """An op's ``dim`` argument: by keyword (``dim``, or NumPy's ``axis``, which PyTorch
+    takes too), else at position ``pos``, else ``default``."""
+    for name in _DIM_NAMES:
+        if name in kwargs:
+            return kwargs[name]
     return args[pos] if len(args) > pos else default
 
 
+_DIM_NAMES = ("dim", "axis")
+
+
 def _with_dim(args: tuple[Any, ...], kwargs: dict[str, Any], pos: int, dim: Any):
-    if "dim" in kwargs or len(args) <= pos:
+    for name in _DIM_NAMES:
+        if name in kwargs:
+            return args, {**kwargs, name: dim}
+    if len(args) <= pos:
         return args, {**kwargs, "dim": dim}
     return args[:pos] + (dim,) + args[pos + 1 :], kwargs
 

@@ -155,8 +155,8 @@ def join_family(families: dict[Any, Family], sig: Signature, key: Any) -> None:
         fkey: Any = ("source", ragged_meta(meta))
     else:
         found = classify(sig.func, sig.rule, sig.template, sig.in_metas, sig.out_metas)
-        if found is None or (found[0] == "pick_at" and sig.grad != 1):
-            return  # x[-1] outside grad mode is a view keeping x's requires_grad; a pick copies
+        if found is None or (found[0] in ("pick_at", "slice_rows") and sig.grad != 1):
+            return  # x[-1], x[1:] outside grad mode: views keeping x's requires_grad; not copies
         fkey = (found[0], family_key(key, found[1], 0 if found[0] == "blockdiag" else -1))
     kind, ragged_in, ragged_out, length = found
     family = families.get(fkey)
@@ -178,7 +178,8 @@ def join_family(families: dict[Any, Family], sig: Signature, key: Any) -> None:
         families[fkey] = family
         if (
             sig.source is None
-            and kind not in ("slice_rows", "cat_rows")  # their length is not their inputs'
+            # lengths not their inputs', or a row a new length may lack (checked when made)
+            and kind not in ("slice_rows", "cat_rows", "pick_at")
             and (square < 0 or len(sig.in_metas[1].shape) == 2)
             and member_pattern(sig.func, _first_is_slot(sig), sig.in_metas) == (ragged_in, length)
         ):
