@@ -84,10 +84,11 @@ def test_the_same_ops_along_the_rows_batch_by_shape_with_eagers_values(op: Op) -
 @pytest.mark.parametrize(
     "op",
     [
-        lambda h: torch.cat([h, h * 2], axis=1),  # NumPy's name for dim, which PyTorch takes
-        lambda h: torch.concatenate([h, h], axis=-1),
-        lambda h: torch.cat([h, h[:1]], axis=0),
-        lambda h: h.sum(axis=-1),
+        # NumPy's name for dim, which PyTorch takes (its type stubs do not say so)
+        lambda h: torch.cat([h, h * 2], axis=1),  # pyright: ignore[reportCallIssue]
+        lambda h: torch.concatenate([h, h], axis=-1),  # pyright: ignore[reportCallIssue]
+        lambda h: torch.cat([h, h[:1]], axis=0),  # pyright: ignore[reportCallIssue]
+        lambda h: h.sum(axis=-1),  # pyright: ignore[reportCallIssue]
         lambda h: torch.softmax(h, -1).sum(axis=0),
     ],
 )
