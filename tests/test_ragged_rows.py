@@ -89,7 +89,7 @@ def test_the_same_ops_along_the_rows_batch_by_shape_with_eagers_values(op: Op) -
         lambda h: torch.concatenate([h, h], axis=-1),  # pyright: ignore[reportCallIssue]
         lambda h: torch.cat([h, h[:1]], axis=0),  # pyright: ignore[reportCallIssue]
         lambda h: h.sum(axis=-1),  # pyright: ignore[reportCallIssue]
-        lambda h: torch.softmax(h, -1).sum(axis=0),
+        lambda h: torch.softmax(h, -1).sum(axis=0),  # pyright: ignore[reportCallIssue]
     ],
 )
 @pytest.mark.parametrize("lengths", [(3, 1, 5, 2), (3, 3, 3)])
