@@ -114,16 +114,23 @@ class SourceMaker:
         meta = lazy._meta
         if meta.dtype not in _OPERAND_DTYPES:
             return None
-        pattern = (func, meta, at)
+        value = self._once_switched((func, meta, at), number, meta.dtype, meta.device)
+        if value is None:
+            return None
+        return (lazy, value) if at == 1 else (value, lazy)
+
+    def _once_switched(self, pattern: Any, number: Any, dtype: Any, device: Any) -> Lazy | None:
+        """``number`` as a per-instance 0-d source once ``pattern`` has seen another number,
+        else ``None`` (the number stays a constant of its op's signature)."""
         operands = self.rec.graph.operands  # kept with the graph, as its signatures are
         seen = operands.get(pattern, number)
         if seen is not _SWITCHED and seen == number:
             operands[pattern] = number
             return None
         operands[pattern] = _SWITCHED
+        kwargs = {"device": device} if dtype is None else {"dtype": dtype, "device": device}
         with torch._C.DisableTorchFunction():  # from a Lazy method the mode is still on
-            value = self.number((number,), {"dtype": meta.dtype, "device": meta.device})
-        return (lazy, value) if at == 1 else (value, lazy)
+            return self.number((number,), kwargs)
 
     def _index_operand(self, x: Any, index: Any) -> tuple[Lazy, Lazy] | None:
         """``x[i]`` whose Python ``int`` ``i`` has differed between calls: ``i`` as a source.
@@ -134,9 +141,9 @@ class SourceMaker:
         second position is seen for the same ``x`` meta, ``i`` becomes a 0-d int64 tensor read
         per instance, and ``x[i]`` one batched pick. Outside grad mode only where ``x`` was made
         outside it too: eager's ``x[i]`` is a view and keeps ``x``'s ``requires_grad``, which
-        a pick (a copy) would not. Positions out of ``x``'s range stay
-        Python ints, so that the call fails as eager indexing does. With ragged batching the
-        positions are counted over ``x`` of every length.
+        a pick (a copy) would not. Positions out of ``x``'s range stay Python ints, so that
+        the call fails as eager indexing does. With ragged batching the positions are counted
+        over ``x`` of every length.
         """
         if type(x) is not Lazy or type(index) is not int or self.rec.trace is not None:
             return None  # in a traced module call, x[-1] stays one op of its template
@@ -149,14 +156,7 @@ class SourceMaker:
         # with ragged batching, positions in x of any length count together (x[-1] of any
         # length is one ragged step already; x[i] with i differing is one pick)
         pattern = (_GETITEM, ragged_meta(meta) if self.rec.ragged else meta)
-        operands = self.rec.graph.operands
-        seen = operands.get(pattern, index)
-        if seen is not _SWITCHED and seen == index:
-            operands[pattern] = index
-            return None
-        operands[pattern] = _SWITCHED
-        with torch._C.DisableTorchFunction():  # from a Lazy method the mode is still on
-            value = self.number((index,), {"device": meta.device})
+        value = self._once_switched(pattern, index, None, meta.device)
         return None if value is None else (x, value)
 
     def number(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Lazy | None:
