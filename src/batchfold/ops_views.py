@@ -42,14 +42,14 @@ def batched_getitem(sig: Signature, inputs: list[Tensor], n: int) -> Any:
     if type(index) is Slot:
         rows, at = inputs[x.index], inputs[index.index].to(inputs[x.index].device)
         size = rows.shape[1]
-        bad = (at < -size) | (at >= size)
-        if len(at) and bool(bad.any()):  # a user's index tensor: eager's error, not a wrong row
-            k = int(bad.nonzero()[0, 0])
+        if len(at) and (int(at.min()) < -size or int(at.max()) >= size):
+            k = int(((at < -size) | (at >= size)).nonzero()[0, 0])  # a user's index tensor
             raise IndexError(
                 f"{sig.name} at {sig.site}: index {int(at[k])} is out of bounds for dimension 0 "
                 f"with size {size} (as eager PyTorch refuses it)"
             )
-        return rows[torch.arange(n, device=rows.device), at]
+        flat = rows.reshape(n * size, *rows.shape[2:])  # row at[k] of each x[k], in one call
+        return flat.index_select(0, torch.arange(n, device=rows.device) * size + at % size)
     return inputs[0][(slice(None),) + (index if isinstance(index, tuple) else (index,))]
 
 
