@@ -15,20 +15,7 @@ import torch
 import batchfold as bf
 from batchfold.errors import ShapeError, UnsupportedOpError
 from batchfold.schedule import Scheduler
-
-
-def _check(fn, items, params, scheduler: Scheduler = "agenda"):  # noqa: ANN001, ANN202
-    got, stats = bf.batch_map(fn, items, scheduler=scheduler, return_stats=True)
-    want = [fn(item) for item in items]
-    for g, e in zip(got, want, strict=True):
-        assert g.dtype == e.dtype and g.shape == e.shape
-        torch.testing.assert_close(g, e)
-    grads = torch.autograd.grad(torch.stack([g.sum() for g in got]).sum(), params)
-    expected = torch.autograd.grad(torch.stack([e.sum() for e in want]).sum(), params)
-    for g, e in zip(grads, expected, strict=True):
-        torch.testing.assert_close(g, e)
-    assert stats.plan is not None
-    return stats
+from reference import assert_matches_eager
 
 
 @pytest.mark.parametrize("scheduler", ["agenda", "depth"])
@@ -42,7 +29,7 @@ def test_a_per_instance_position_picks_in_one_step(scheduler: Scheduler) -> None
 
     golds = [3, 0, 6, -1, -7, 3, 2, 5, 1, 4, 6, 0]
     items = [(torch.randn(3, dtype=torch.float64), g) for g in golds]
-    stats = _check(nll, items, list(lin.parameters()), scheduler)
+    stats = assert_matches_eager(nll, items, lin, scheduler)
     assert stats.plan is not None
     picks = [s for s in stats.plan.steps if s.sig.name == "getitem"]
     assert sum(len(s.nodes) for s in picks) == len(golds) and len(picks) <= 2
@@ -97,14 +84,16 @@ def test_a_write_into_a_picked_row_is_refused_as_for_any_view() -> None:
 
 
 def test_bool_and_out_of_range_positions_keep_eager_meaning() -> None:
-    w = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    holder = torch.nn.Module()
+    holder.w = torch.nn.Parameter(torch.randn(3, dtype=torch.float64))
+    w = holder.w
 
     def fn(item: tuple[torch.Tensor, bool]) -> torch.Tensor:
         x, flag = item
         return (torch.as_tensor(x) * w)[flag]  # x[True] adds a dim, x[False] is empty
 
     items = [(torch.randn(3, dtype=torch.float64), flag) for flag in (True, False, True)]
-    _check(fn, items, [w])
+    assert_matches_eager(fn, items, holder)
 
     def pick(item: tuple[torch.Tensor, int]) -> torch.Tensor:
         x, i = item

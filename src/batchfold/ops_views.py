@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from .graph import Signature, Slot, TensorMeta
@@ -19,6 +20,25 @@ def shift_dim(dim: Any, rank: int) -> Any:
     if isinstance(dim, (tuple, list)):
         return tuple(d % rank + 1 for d in dim)
     return dim % rank + 1
+
+
+def packed_rows(
+    sig: Signature, index: Tensor, owner: Tensor, rows: np.ndarray, allow_negative: bool
+) -> Tensor:
+    """Per-instance row indices (``index[k]`` a row of instance ``owner[k]``, which has
+    ``rows[owner[k]]`` rows) as indices into all instances' rows one after the other; an
+    index out of range is eager's ``IndexError``, naming the op's line."""
+    count = torch.from_numpy(rows).to(index.device).index_select(0, owner)
+    low = -count if allow_negative else torch.zeros_like(count)
+    bad = (index < low) | (index >= count)
+    if len(index) and bool(bad.any()):
+        k = int(bad.nonzero()[0, 0])
+        raise IndexError(
+            f"{sig.name} at {sig.site}: index {int(index[k])} is out of range for an instance "
+            f"with {int(count[k])} rows (as eager PyTorch refuses it)"
+        )
+    start = torch.from_numpy(np.cumsum(rows) - rows).to(index.device).index_select(0, owner)
+    return torch.where(index < 0, index + count, index) + start
 
 
 def _plain_index(
@@ -40,16 +60,12 @@ def batched_getitem(sig: Signature, inputs: list[Tensor], n: int) -> Any:
     with a per-instance 0-d index ``i`` picks row ``i[k]`` of each ``x[k]``."""
     x, index = sig.template[0]
     if type(index) is Slot:
-        rows, at = inputs[x.index], inputs[index.index].to(inputs[x.index].device)
+        rows = inputs[x.index]
         size = rows.shape[1]
-        if len(at) and (int(at.min()) < -size or int(at.max()) >= size):
-            k = int(((at < -size) | (at >= size)).nonzero()[0, 0])  # a user's index tensor
-            raise IndexError(
-                f"{sig.name} at {sig.site}: index {int(at[k])} is out of bounds for dimension 0 "
-                f"with size {size} (as eager PyTorch refuses it)"
-            )
         flat = rows.reshape(n * size, *rows.shape[2:])  # row at[k] of each x[k], in one call
-        return flat.index_select(0, torch.arange(n, device=rows.device) * size + at % size)
+        owner = torch.arange(n, device=rows.device)
+        at = inputs[index.index].to(rows.device)  # eager takes a CPU index
+        return flat.index_select(0, packed_rows(sig, at, owner, np.full(n, size), True))
     return inputs[0][(slice(None),) + (index if isinstance(index, tuple) else (index,))]
 
 

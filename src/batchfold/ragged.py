@@ -145,6 +145,12 @@ def _replace_metas(
     return tuple(out)
 
 
+COPIES_OF_VIEWS = frozenset(["pick_at", "slice_rows"])
+"""Kinds whose packed step copies what eager returns as a view (``x[-1]``, ``x[1:]``): only
+in grad mode, where the copy carries ``x``'s grad as the view does; outside it the view keeps
+``x``'s ``requires_grad`` and a copy would not, so those calls batch by shape."""
+
+
 def join_family(families: dict[Any, Family], sig: Signature, key: Any) -> None:
     """Make ``sig`` (just made for ``key``) a member of its family, if it has one."""
     if sig.source is not None:
@@ -155,8 +161,8 @@ def join_family(families: dict[Any, Family], sig: Signature, key: Any) -> None:
         fkey: Any = ("source", ragged_meta(meta))
     else:
         found = classify(sig.func, sig.rule, sig.template, sig.in_metas, sig.out_metas)
-        if found is None or (found[0] in ("pick_at", "slice_rows") and sig.grad != 1):
-            return  # x[-1], x[1:] outside grad mode: views keeping x's requires_grad; not copies
+        if found is None or (found[0] in COPIES_OF_VIEWS and sig.grad != 1):
+            return
         fkey = (found[0], family_key(key, found[1], 0 if found[0] == "blockdiag" else -1))
     kind, ragged_in, ragged_out, length = found
     family = families.get(fkey)

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from .graph import Signature
 from .opbase import call_one
 from .ops import zero_d_casts
+from .ops_views import packed_rows
 
 __all__ = ["expand_rows", "run_family"]
 
@@ -86,7 +87,7 @@ def run_family(
     elif kind == "index_rows":
         assert sizes is not None
         rows, index = inputs
-        index = _global_index(sig, index, segment, sizes[0], allow_negative=True)
+        index = packed_rows(sig, index, segment, sizes[0], allow_negative=True)
         out = rows.index_select(0, index)
     elif kind == "slice_rows":
         assert sizes is not None
@@ -101,39 +102,21 @@ def run_family(
         firsts += np.cumsum([0] + [len(x) for x in inputs[:-1]])  # ... in their concatenation
         index = expand_rows(firsts.ravel(), counts.ravel())  # node after node, pieces in order
         out = torch.cat(inputs).index_select(0, torch.from_numpy(index).to(inputs[0].device))
-    elif kind == "pick_at":
-        out = inputs[0].index_select(0, _rows_at(sig, sig.template[0][1], lengths, inputs[0]))
-    elif kind == "pick":
-        rows, index = inputs[0], inputs[1].to(inputs[0].device)  # eager takes a CPU index
-        owner = torch.arange(n, device=index.device)
-        out = rows.index_select(0, _global_index(sig, index, owner, lengths, allow_negative=True))
+    elif kind == "pick_at" or kind == "pick":  # x[-1] of every node; x[i] with i per node
+        rows = inputs[0]
+        owner = torch.arange(n, device=rows.device)
+        at = torch.full((n,), sig.template[0][1]) if kind == "pick_at" else inputs[1]
+        out = rows.index_select(0, packed_rows(sig, at.to(rows.device), owner, lengths, True))
     elif kind == "index_add":
         assert sizes is not None
         target, index, source = inputs
         owner = np.repeat(np.arange(n, dtype=np.int64), sizes[1])
         owner_t = torch.from_numpy(owner).to(index.device)
-        index = _global_index(sig, index, owner_t, lengths, allow_negative=False)
+        index = packed_rows(sig, index, owner_t, lengths, allow_negative=False)
         out = target.index_add(0, index, source)
     else:
         out = _segment_reduce(kind, inputs[0], segment, lengths)
     return tuple(out) if sig.multi else (out,)
-
-
-def _global_index(
-    sig: Signature, index: Tensor, owner: Tensor, rows: np.ndarray, allow_negative: bool
-) -> Tensor:
-    """Per-instance row indices as indices into the packed rows; out of range is an error."""
-    count = torch.from_numpy(rows).to(index.device).index_select(0, owner)
-    low = -count if allow_negative else torch.zeros_like(count)
-    bad = (index < low) | (index >= count)
-    if len(index) and bool(bad.any()):
-        k = int(bad.nonzero()[0, 0])
-        raise IndexError(
-            f"{sig.name} at {sig.site}: index {int(index[k])} is out of range for an instance "
-            f"with {int(count[k])} rows (as eager PyTorch refuses it)"
-        )
-    start = torch.from_numpy(np.cumsum(rows) - rows).to(index.device).index_select(0, owner)
-    return torch.where(index < 0, index + count, index) + start
 
 
 def _slice_start(s: slice, rows: np.ndarray) -> np.ndarray:
@@ -143,19 +126,6 @@ def _slice_start(s: slice, rows: np.ndarray) -> np.ndarray:
     if s.start >= 0:
         return np.minimum(s.start, rows)
     return np.maximum(rows + s.start, 0)
-
-
-def _rows_at(sig: Signature, i: int, lengths: np.ndarray, rows: Tensor) -> Tensor:
-    """Row ``i`` of every node (``x[i]`` with one int ``i``) as indices into the packed rows;
-    a node without that row is an error, as eagerly (a replayed module call of any length)."""
-    bad = np.flatnonzero(lengths <= i if i >= 0 else lengths < -i)
-    if len(bad):
-        raise IndexError(
-            f"{sig.name} at {sig.site}: index {i} is out of range for an instance with "
-            f"{int(lengths[bad[0]])} rows (as eager PyTorch refuses it)"
-        )
-    at = np.cumsum(lengths) - lengths + (i if i >= 0 else lengths + i)
-    return torch.from_numpy(at).to(rows.device)
 
 
 def _block_diagonal(blocks: Tensor, rows: Tensor, lengths: np.ndarray) -> Tensor:
