@@ -1,6 +1,6 @@
 """batch_map's recording cost before and after a change: two source trees, alternating runs.
 
-Four workloads, each timed in a fresh process per tree and round (the trees' ``src`` folders
+Five workloads, each timed in a fresh process per tree and round (the trees' ``src`` folders
 come first on ``PYTHONPATH``), the two trees in turn, the first of each pair swapped every round
 (before, after; after, before; ...): on the 2-vCPU VM the second process of a pair ran about
 10% slower than the first (greedy decoding), a bias a fixed order gives to one tree:
@@ -11,7 +11,9 @@ come first on ``PYTHONPATH``), the two trees in turn, the first of each pair swa
 - **decoding**: ``bench_ragged.py``'s GRU encoder-decoder, batch 64: greedy decoding under
   ``no_grad`` and a training step on the greedy output;
 - **tree-lstm**: ``bench_treelstm.py``'s binary Tree-LSTM on random 2-60-leaf trees written
-  per tree (no ``bf.function``), a training step at batch 256.
+  per tree (no ``bf.function``), a training step at batch 256;
+- **weave**: the Weave model written per molecule (``weave_predict``) on ESOL molecules, a
+  training step at batch 64 (needs the ESOL data).
 
     git worktree add /tmp/before <commit>
     python benchmarks/recorder_ab.py /tmp/before/src src [--out DIR]
@@ -33,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-WORKLOADS = ("tiny", "attention", "decoding", "tree-lstm")
+WORKLOADS = ("tiny", "attention", "decoding", "tree-lstm", "weave")
 
 
 def _median_ms(times: list[float]) -> float:
@@ -148,12 +150,46 @@ def tree_lstm() -> dict[str, float]:
     return {"step_ms": _median_ms(times), "record_ms": _median_ms(records)}
 
 
+def weave() -> dict[str, float]:
+    """A training step of the Weave model written per molecule (``weave_predict``), batch 64
+    of ESOL molecules: three ``torch.as_tensor`` calls and one model call per molecule."""
+    from functools import partial
+
+    import torch
+
+    import batchfold as bf
+    from batchfold.data.molecules import load_esol
+    from batchfold.models.weave import WeaveModel, weave_predict
+
+    torch.manual_seed(0)
+    molecules = list(load_esol())
+    model = WeaveModel()
+    fn = partial(weave_predict, model)
+    batches = [molecules[k * 64 : (k + 1) * 64] for k in range(4)]
+    times, records = [], []
+    for i in range(4):
+        for batch in batches:
+            start = time.perf_counter()
+            predictions, stats = bf.batch_map(fn, batch, return_stats=True)
+            torch.stack(predictions).pow(2).sum().backward()
+            if i:
+                times.append(time.perf_counter() - start)
+                records.append(stats.record_s)
+    return {"step_ms": _median_ms(times), "record_ms": _median_ms(records)}
+
+
 def run_one(name: str, threads: int) -> None:
     """Run one workload in this process and print its JSON line."""
     import torch
 
     torch.set_num_threads(threads)
-    found = {"tiny": tiny, "attention": attention, "decoding": decoding, "tree-lstm": tree_lstm}
+    found = {
+        "tiny": tiny,
+        "attention": attention,
+        "decoding": decoding,
+        "tree-lstm": tree_lstm,
+        "weave": weave,
+    }
     print(json.dumps(found[name]()))
 
 

@@ -68,7 +68,8 @@ def assert_matches_eager(
     scheduler: Scheduler = "agenda",
     rtol: float = 1e-10,
 ) -> bf.Stats:
-    """``batch_map(fn)`` equals ``[fn(x) for x in instances]``: values and parameter gradients.
+    """``batch_map(fn)`` equals ``[fn(x) for x in instances]``: values, their ``requires_grad``
+    and parameter gradients.
 
     Every graph segment ``batch_map`` schedules is linted first.
     """
@@ -82,6 +83,7 @@ def assert_matches_eager(
     assert len(got) == len(want)
     for g, w in zip(got, want, strict=True):
         assert g.shape == w.shape and g.dtype == w.dtype
+        assert g.requires_grad == w.requires_grad, "requires_grad differs from eager's"
         torch.testing.assert_close(g, w, rtol=rtol, atol=rtol)
     if params:
         grads = torch.autograd.grad(loss_of(batched), params, allow_unused=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch._tensor
@@ -17,7 +18,7 @@ import batchfold as bf
 from batchfold.lazy import dispatch
 from batchfold.lazy.kept import forget
 from batchfold.schedule import Scheduler
-from reference import assert_matches_eager
+from reference import assert_matches_eager, flat_tensors
 
 
 class Head(nn.Module):
@@ -115,6 +116,8 @@ def test_pytorchs_function_is_back_after_batch_map_and_after_an_error() -> None:
         assert module.handle_torch_function is torch.overrides.handle_torch_function
     assert torch.tensor is torch._C._VariableFunctions.tensor  # pyright: ignore[reportAttributeAccessIssue]
     assert F.cross_entropy is dispatch.ORIGINAL_CROSS_ENTROPY
+    assert torch.as_tensor is dispatch.ORIGINAL_AS_TENSOR
+    assert torch.manual_seed is torch.random.manual_seed
 
 
 _LOSS_OPTIONS = [
@@ -205,6 +208,53 @@ def test_torch_tensor_of_a_number_takes_the_short_path_with_eagers_values(
         assert g.dtype == e.dtype
         torch.testing.assert_close(g, m, rtol=0, atol=0)
         torch.testing.assert_close(g, e)
+
+
+def _arrays(w: torch.Tensor, item: tuple[torch.Tensor, np.ndarray, torch.Tensor]) -> Any:
+    x, a, leaf = item
+    dense = torch.as_tensor(x, dtype=torch.float64)  # a cast
+    same = torch.as_tensor(x)  # no copy eagerly
+    array = torch.as_tensor(a, device="cpu")
+    grad = torch.as_tensor(leaf)  # requires grad: its gradient comes back to it
+    listed = torch.as_tensor([1.0, 2.0, 3.0], dtype=torch.float64)  # PyTorch's way
+    return (w * (dense + same.double() + array + listed) * grad).sum(), same
+
+
+@pytest.mark.parametrize("scheduler", ["agenda", "depth"])
+def test_torch_as_tensor_takes_the_short_path_with_eagers_values(
+    scheduler: Scheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from batchfold.lazy.recorder import Recorder
+
+    reached: list[object] = []  # as_tensor calls that took the mode's path
+    call = Recorder.call
+
+    def counted(self: Recorder, func: Any, args: Any, kwargs: Any) -> Any:
+        if func is dispatch.ORIGINAL_AS_TENSOR:
+            reached.append(type(args[0]))
+        return call(self, func, args, kwargs)
+
+    monkeypatch.setattr(Recorder, "call", counted)
+    torch.manual_seed(0)
+    w = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    items = [
+        (torch.randn(3), np.random.default_rng(k).normal(size=3), torch.randn(3).double())
+        for k in range(4)
+    ]
+    leaves = [leaf.requires_grad_() for _, _, leaf in items]
+    got, stats = bf.batch_map(
+        lambda i: _arrays(w, i), items, scheduler=scheduler, return_stats=True
+    )
+    got_grads = torch.autograd.grad(torch.stack([g[0] for g in got]).sum(), [w, *leaves])
+    eager = [_arrays(w, i) for i in items]
+    eager_grads = torch.autograd.grad(torch.stack([e[0] for e in eager]).sum(), [w, *leaves])
+    for g, e in zip(
+        flat_tensors([got, got_grads]), flat_tensors([eager, eager_grads]), strict=True
+    ):
+        assert g.dtype == e.dtype and g.requires_grad == e.requires_grad
+        torch.testing.assert_close(g, e)
+    assert reached == [list] * len(items)  # tensors and arrays took the short path
+    assert stats.plan is not None and stats.steps < stats.nodes
 
 
 def test_torch_tensor_in_another_thread_during_batch_map_is_a_tensor() -> None:

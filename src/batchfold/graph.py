@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .signature import Pending, Signature, Slot, TensorMeta
+from .signature import NEEDS_GRAD, NO_GRAD, Pending, Signature, Slot, TensorMeta
 
 __all__ = ["OUT_BITS", "OUT_MASK", "Graph", "Pending", "Signature", "Slot", "TensorMeta"]
 
@@ -54,8 +54,9 @@ class Graph:
         self.views: set[int] = set()  # signatures whose outputs may view their first input
         self.kept = 0  # signatures below this id were kept from earlier runs
         self.operands: dict[Any, Any] = {}  # numbers seen per op (lazy.sources.operand)
-        # pending values made outside grad mode by ops that are not views: they need no grad
-        self.no_grad_values: set[int] = set()
+        # the values eager PyTorch would give ``requires_grad=False`` (see Signature.grad_rule),
+        # of this run's segments: a value handed to the user is detached when it is one
+        self.grad_free: set[int] = set()
         self.macros: dict[Any, Any] = {}  # ragged macros kept with it (lazy.ragged_macros)
         self._weakly_kept: list[Signature] = []  # kept signatures whose keep is a weak reference
         self._arrays: tuple[list[int], list[int], list[int]] = ([], [], [])
@@ -102,7 +103,16 @@ class Graph:
             pending.payloads.append(payload)
         if sig.family is not None:
             pending.members.append(sig.id)
-        return node << OUT_BITS
+        first = node << OUT_BITS
+        rule = sig.grad_rule
+        if rule != NEEDS_GRAD and (rule == NO_GRAD or self.grad_free.issuperset(inputs)):
+            if len(sig.out_metas) == 1:
+                self.grad_free.add(first)
+            else:
+                self.grad_free.update(range(first, first + len(sig.out_metas)))
+        elif sig.int_outs:
+            self.grad_free.update(first + o for o in sig.int_outs)
+        return first
 
     @property
     def pending(self) -> int:
@@ -141,7 +151,6 @@ class Graph:
         for pool in self.touched:
             self.pending_of[pool] = Pending()
         self.touched = []
-        self.no_grad_values = set()  # kept for pending values only
 
     def signature_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Each signature's number of inputs, whether its rule is expensive (not ``cheap``),
@@ -203,7 +212,7 @@ class Graph:
                 self.pending_of[pool] = Pending()
         self.pending_of = self.pending_of[:start] + [Pending() for _ in kept]
         self.node_base, self.node_depth, self.touched = 0, [], []
-        self.no_grad_values = set()
+        self.grad_free = set()
         self.kept = len(self.signatures)
         self._arrays = tuple(a[:start] for a in self._arrays)  # type: ignore[assignment]
         self._weakly_kept = [sig for sig in self.signatures if sig.keep is not True]
@@ -213,7 +222,7 @@ class Graph:
         self.signatures, self.pending_of, self.node_depth = [], [], []
         self.families, self._by_key, self.touched, self.views = {}, {}, [], set()
         self.kept, self._arrays, self.operands, self.macros = 0, ([], [], []), {}, {}
-        self._weakly_kept, self.no_grad_values = [], set()
+        self._weakly_kept, self.grad_free = [], set()
 
     def lint(self) -> None:
         """Check the pending segment's invariants; raise :class:`GraphError` on a broken graph.

@@ -12,6 +12,15 @@ from typing import Any, ClassVar
 
 import torch
 
+NO_GRAD = 0
+"""A signature's :attr:`~Signature.grad_rule`: its outputs never require grad (made outside
+grad mode, of an integer dtype, or by an op with no gradient such as ``zeros_like``)."""
+INHERITS_GRAD = 1
+"""Its outputs require grad when one of the node's inputs does, as eager PyTorch decides."""
+NEEDS_GRAD = 2
+"""Its outputs may require grad whatever the inputs (the op reads a weight that requires grad,
+or what it runs is not known); the rule of every signature no front end says more of."""
+
 
 class TensorMeta:
     """Shape, dtype and device of one per-instance value (no batch dimension).
@@ -71,6 +80,8 @@ class Signature:
     per-instance code's modules, and a plan holding it runs only where it was made. ``grad``
     is the grad mode its nodes were recorded in (0 no grad, 1 grad; ``None``: the caller's),
     and ``shared`` the outside tensors its template reads, each with the version it had then.
+    ``grad_rule`` says when eager PyTorch's outputs would require grad (:data:`NO_GRAD`,
+    :data:`INHERITS_GRAD` or :data:`NEEDS_GRAD`), and ``int_outs`` which outputs never can.
     The nodes waiting to run are not kept here but in the graph's :class:`Pending` buffers.
     """
 
@@ -87,6 +98,8 @@ class Signature:
         "site",
         "source",
         "grad",
+        "grad_rule",
+        "int_outs",
         "shared",
         "family",
         "length",
@@ -118,6 +131,13 @@ class Signature:
         self.site = site  # file:line where the first node of this signature was recorded
         self.source = source
         self.grad: int | None = None
+        # outputs of a dtype without gradients (indices, masks), by position
+        self.int_outs = tuple(
+            i
+            for i, m in enumerate(out_metas)
+            if not (m.dtype.is_floating_point or m.dtype.is_complex)
+        )
+        self.grad_rule = NO_GRAD if len(self.int_outs) == len(out_metas) else NEEDS_GRAD
         self.shared: tuple[tuple[torch.Tensor, int], ...] = ()
         self.family: Any = None  # a ragged.Family this signature batches with, if any
         self.length = 0  # in a family: the length of its ragged leading dim
@@ -125,6 +145,10 @@ class Signature:
         self.ref = ref
         self.keep: Any = False  # may serve later runs: True, or a weak reference to what it
         # lives by (see Graph.retire)
+
+    def set_grad_rule(self, rule: int) -> None:
+        """Say when the outputs require grad; outputs of integer dtypes never do."""
+        self.grad_rule = NO_GRAD if len(self.int_outs) == len(self.out_metas) else rule
 
     def __repr__(self) -> str:
         ins = ", ".join(map(repr, self.in_metas))

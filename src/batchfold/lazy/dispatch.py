@@ -13,7 +13,8 @@ path.
 ``torch.tensor`` of a Python number (``torch.tensor(word_id)``, ``torch.tensor(label)``: a
 third of the calls of a per-node Tree-LSTM) is a C++ function that reaches the mode through
 PyTorch's C++ dispatch; :func:`tensor` stands in for it in the ``torch`` namespace and takes
-such a call straight to the recorder's source maker, as the mode would.
+such a call straight to the recorder's source maker, as the mode would; :func:`as_tensor`
+does the same for ``torch.as_tensor`` of a tensor or an array (a molecule's features).
 
 ``F.cross_entropy`` (the per-node loss of tree and sequence models) spends as long in its own
 Python prologue as in recording; :func:`cross_entropy` stands in for it in
@@ -25,20 +26,24 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 import torch._tensor
 import torch.functional
 import torch.nn.functional
 
+from . import refusals
 from .context import active_recorder
 from .tensor import Lazy
 
 ORIGINAL = torch.overrides.handle_torch_function
 ORIGINAL_TENSOR = torch._C._VariableFunctions.tensor  # pyright: ignore[reportAttributeAccessIssue]
+ORIGINAL_AS_TENSOR: Any = torch.as_tensor
 ORIGINAL_CROSS_ENTROPY: Any = torch.nn.functional.cross_entropy
 _MODULES = (torch.nn.functional, torch.functional, torch._tensor)
 _stack_len = torch._C._len_torch_function_stack
 _stack_at = torch._C._get_function_stack_at
+Tensor = torch.Tensor
 _pop = torch._C._pop_torch_function_stack
 _push = torch._C._push_on_torch_function_stack
 _mode_active = torch._C._is_torch_function_mode_enabled
@@ -75,6 +80,25 @@ def tensor(data: Any, *args: Any, **kwargs: Any) -> Any:
             if lazy is not None:
                 return lazy
     return ORIGINAL_TENSOR(data, *args, **kwargs)
+
+
+def as_tensor(data: Any, *, dtype: Any = None, device: Any = None) -> Any:
+    """``torch.as_tensor`` with a fast path for a tensor or an array inside this thread's
+    recorder: the per-instance constant the mode would make (a molecule's feature tensors,
+    three calls per molecule, cost more than the rest of its recording), without the mode's
+    way there."""
+    if isinstance(data, (Tensor, np.ndarray)) and _mode_active() and _stack_len() == 1:
+        rec = active_recorder()
+        if rec is not None and not rec.closed and _stack_at(0) is rec:
+            kwargs = {} if dtype is None else {"dtype": dtype}
+            if device is not None:
+                kwargs["device"] = device
+            _pop()  # as PyTorch does for the call: the mode is off inside it
+            try:
+                return rec.sources.make(ORIGINAL_AS_TENSOR, (data,), kwargs)
+            finally:
+                _push(rec)
+    return ORIGINAL_AS_TENSOR(data, dtype=dtype, device=device)
 
 
 def cross_entropy(
@@ -120,8 +144,11 @@ def cross_entropy(
 
 def patch(on: bool) -> None:
     """Put :func:`handle` in place of PyTorch's (``on``), or PyTorch's back; the same for
-    :func:`tensor` and ``torch.tensor``, and :func:`cross_entropy` and ``F.cross_entropy``."""
+    :func:`tensor` and ``torch.tensor``, :func:`cross_entropy` and ``F.cross_entropy``, and the
+    calls :mod:`.refusals` stands in for."""
     for module in _MODULES:
         module.handle_torch_function = handle if on else ORIGINAL  # type: ignore[attr-defined]
     torch.tensor = tensor if on else ORIGINAL_TENSOR  # type: ignore[assignment]
+    torch.as_tensor = as_tensor if on else ORIGINAL_AS_TENSOR
     torch.nn.functional.cross_entropy = cross_entropy if on else ORIGINAL_CROSS_ENTROPY
+    refusals.patch(on)

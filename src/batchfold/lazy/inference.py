@@ -73,7 +73,8 @@ def check_inputs(name: str, site: str, in_metas: tuple[TensorMeta, ...], tree: A
         )
     floats = {m.dtype for m in in_metas if m.dtype.is_floating_point and m.shape}
     floats |= {t.dtype for t in shared if t.dtype.is_floating_point}
-    if len(floats) > 1:
+    autocast = torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda")
+    if len(floats) > 1 and not autocast:  # under autocast its casts decide, as eagerly
         raise DtypeError(
             f"{name} at {site} mixes dtypes {sorted(map(str, floats))}; batchfold does not cast "
             "silently. Cast explicitly, e.g. x.to(torch.float32), or use one default dtype."
@@ -328,13 +329,17 @@ def _run_for_shapes(
     in_metas: tuple[TensorMeta, ...],
     meta_cache: dict[int, tuple[Tensor, Tensor]],
 ) -> Any:
+    # autocast picks dtypes by the device's own kernels: neither the rules below nor meta
+    # tensors know them, so under autocast the op runs on zeros on its device
+    autocast = torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda")
     with torch._C.DisableTorchFunction():
-        out = _known_shape(func, targs, tkwargs, in_metas)
-        if out is None and eager is None and _small(targs, tkwargs, in_metas):
+        out = None if autocast else _known_shape(func, targs, tkwargs, in_metas)
+        on_meta = eager is None and not autocast
+        if out is None and on_meta and _small(targs, tkwargs, in_metas):
             # real zeros first: an op's first run on meta tensors can cost half a second of
             # imports; values never matter here, only shapes and dtypes
             out = _try_zeros(func, targs, tkwargs, in_metas)
-        if out is None and eager is None:
+        if out is None and on_meta:
             metas = [torch.empty(m.shape, dtype=m.dtype, device="meta") for m in in_metas]
             try:
                 out = func(

@@ -293,6 +293,7 @@ class ModuleCache:
             site=user_site(),
         )
         sig.shared = found.shared_now()
+        sig.set_grad_rule(found.grad_rule)
         return sig
 
     def _add(self, entry: _Entry, inputs: list[int]) -> Any:

@@ -292,6 +292,7 @@ class RaggedMacro:
         self.shared = found.shared_now()
         for sig in self.members.values():
             sig.shared = self.shared
+            sig.set_grad_rule(found.grad_rule)
         if self.family is not None:
             self.family.replay = found.replay_packed
 
@@ -339,6 +340,7 @@ class RaggedMacro:
             )
             self.graph.families[(RAGGED, id(self))] = self.family
         sig.shared, sig.family, sig.length = self.shared, self.family, length
+        sig.set_grad_rule(found.grad_rule)
         sig.pool, sig.keep = self.family.rep, self.keep
         self.members[lengths] = sig
         return sig

@@ -30,6 +30,7 @@ from . import graphs
 from .dispatch import ORIGINAL_TENSOR
 from .lengths import plain_lengths
 from .macros import ModuleCache
+from .refusals import refuse_hidden
 from .semantics import VIEW_NAMES, is_random
 from .signatures import SignatureMaker
 from .sites import func_name, version
@@ -158,8 +159,6 @@ class Recorder(InPlaceWrites, SignatureMaker, TorchFunctionMode):
         first = graph.add(sig, inputs, self.instance)
         if self.trace is not None:
             self.trace.add(sig, inputs, first)
-        if mode != 1 and sig.id not in graph.views:  # its values require no grad (a pick may copy)
-            graph.no_grad_values.update(range(first, first + len(sig.out_metas)))
         if sig.multi is None:
             out = Lazy(self, first, sig.out_metas[0])
             if sig.id in graph.views:
@@ -185,10 +184,7 @@ class Recorder(InPlaceWrites, SignatureMaker, TorchFunctionMode):
         sig = graph.lookup((func, tuple(metas), mode))
         if not inputs or sig is None or sig.multi is not None or sig.id in graph.views:
             return None
-        vid = graph.add(sig, inputs, self.instance)
-        if mode != 1:
-            graph.no_grad_values.add(vid)
-        return Lazy(self, vid, sig.out_metas[0])
+        return Lazy(self, graph.add(sig, inputs, self.instance), sig.out_metas[0])
 
     def args_key(self, args: tuple[Any, ...], inputs: list[int]) -> tuple[Any, ...]:
         """The key of positional arguments (see :meth:`_key`), flat ones without recursion."""
@@ -271,15 +267,15 @@ class Recorder(InPlaceWrites, SignatureMaker, TorchFunctionMode):
         if in_place or name in ("__set__", "__setitem__") or is_random(func):
             if self.trace is not None:
                 self.trace.refuse("makes a random or in-place call on shared tensors")
-            return func(*args, **kwargs)
+            return refuse_hidden(func, args, kwargs)(*args, **kwargs)
         try:
             hit = self._memo.get(key)
         except TypeError:  # an unhashable constant among the arguments
             if self.trace is not None:
                 self.trace.refuse("calls a function on shared tensors with unhashable arguments")
-            return func(*args, **kwargs)
+            return refuse_hidden(func, args, kwargs)(*args, **kwargs)
         if hit is None:
-            result = func(*args, **kwargs)
+            result = refuse_hidden(func, args, kwargs)(*args, **kwargs)
             if not isinstance(result, Tensor):
                 if self.trace is not None:  # w.tolist(), w.dim(): a value read into Python
                     self.trace.read_values = True
@@ -375,12 +371,17 @@ class Recorder(InPlaceWrites, SignatureMaker, TorchFunctionMode):
         """Replace every lazy value in a (nested) result by its tensor.
 
         Values are gathered with one ``index_select`` per step output and then unbound, so
-        returning many values stays cheap in the backward pass too.
+        returning many values stays cheap in the backward pass too. A value that eager PyTorch
+        would give ``requires_grad=False`` (see ``Signature.grad_rule``) comes detached, also
+        when its step ran rows that require grad.
         """
         vids: list[int] = []
         map_lazies(lambda x: vids.append(x._vid), result)
         if not vids:
             return result
         with torch.enable_grad():  # as in flush: a value keeps the history it was made with
-            values = iter(self.store.values(vids))
+            tensors = self.store.values(vids)
+        free = self.graph.grad_free  # values eager gives requires_grad=False: so do these
+        pairs = zip(vids, tensors, strict=True)
+        values = iter([t.detach() if t.requires_grad and v in free else t for v, t in pairs])
         return map_lazies(lambda _: next(values), result)  # the same walk, in the same order

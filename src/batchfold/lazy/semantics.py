@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import UnsupportedOpError
+from ..signature import INHERITS_GRAD, NEEDS_GRAD, NO_GRAD
 
 # Calls whose result may share memory with their first argument in eager PyTorch
 # (a superset: an op listed here that copies only makes a later write refused, never wrong).
@@ -146,9 +147,67 @@ def run_context() -> tuple[Any, ...]:
     autocast (kept traces and kept graphs serve only calls made under the same)."""
     return (
         torch.get_default_dtype(),
-        torch.is_autocast_enabled("cpu"),
-        torch.is_autocast_enabled("cuda"),
+        torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu"),
+        torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda"),
     )
+
+
+# calls whose floating outputs never require grad in eager PyTorch, whatever their inputs
+# (unless asked for with requires_grad=True)
+_NO_GRADIENT = frozenset(
+    [
+        "detach",
+        "histc",
+        "zeros_like",
+        "ones_like",
+        "empty_like",
+        "full_like",
+        "rand_like",
+        "randn_like",
+        "randint_like",
+        "new_zeros",
+        "new_ones",
+        "new_full",
+        "new_empty",
+        "new_tensor",
+    ]
+)
+# calls that always make a new tensor: outside grad mode their outputs require no grad (any
+# other call may hand back its input or a view of it, which keeps the input's flag)
+_FRESH_NAMES = """
+    add sub mul div true_divide pow neg abs exp log log1p sqrt rsqrt square
+    tanh sigmoid relu gelu silu elu leaky_relu softplus sin cos clamp clip
+    maximum minimum where lerp addcmul addmm addmv
+    linear bilinear matmul mm bmm mv dot embedding layer_norm
+    softmax log_softmax logsumexp sum mean prod norm var std amax amin
+    cat concat concatenate stack index_select gather take clone
+    cross_entropy nll_loss mse_loss l1_loss binary_cross_entropy
+    binary_cross_entropy_with_logits lstm_cell gru_cell rnn_tanh_cell
+"""
+_FRESH = frozenset(
+    [
+        *_FRESH_NAMES.split(),
+        *(f"__{op}__" for op in ("add", "sub", "mul", "truediv", "pow", "neg", "matmul")),
+        *(f"__r{op}__" for op in ("add", "sub", "mul", "truediv", "pow", "matmul")),
+    ]
+)
+
+
+def grad_rule(func: Any, mode: int, shared: Any, requires_grad: bool = False) -> int:
+    """When a recorded call's outputs require grad in eager PyTorch (a ``Signature.grad_rule``).
+
+    ``mode`` is the grad mode of the call (:func:`grad_mode`), ``shared`` the tensors from
+    outside among its arguments (with their versions), ``requires_grad`` its keyword of that
+    name. In grad mode an output requires grad when an input does; one read from outside
+    decides it for every node. Outside grad mode a call known to make a new tensor gives one
+    that requires none; any other may hand back its input (``h.cpu()``) and keeps its flag.
+    """
+    name = base_name(func)
+    if name in _NO_GRADIENT and not requires_grad:
+        return NO_GRAD
+    if mode == 1 and any(t.requires_grad for t, _ in shared):
+        return NEEDS_GRAD
+    return NO_GRAD if mode != 1 and name in _FRESH else INHERITS_GRAD
 
 
 def grad_mode() -> int:
@@ -181,6 +240,11 @@ def refuse_unrecordable(
     """Raise a clear error for a call that batch_map cannot record: its output shape would
     depend on per-instance values, or it writes into a shared tensor on every call (an
     embedding with ``max_norm``)."""
+    if func is torch.autograd.grad or func is torch.autograd.backward:
+        raise UnsupportedOpError(
+            f"{name} at {site} on lazy tensors: gradients are computed after batch_map has "
+            "run the batch; return the values from the function and call it on the results."
+        )
     if base_name(func) in ("embedding", "embedding_bag"):
         max_norm = args[3] if len(args) > 3 else kwargs.get("max_norm")
         if max_norm is not None:

@@ -18,7 +18,7 @@ from ..ops import rule_for
 from ..ragged import Family, join_family, member_of
 from .function import BatchedFunction
 from .inference import check_inputs, infer_outputs, lazy_metas, shared_tensors, template
-from .semantics import refuse_unrecordable
+from .semantics import grad_rule, refuse_unrecordable
 from .sites import func_name, user_site, version
 from .tensor import Lazy
 
@@ -89,6 +89,9 @@ class SignatureMaker:
         )
         sig.grad = 0 if mode == 2 else mode  # inference mode computes as no_grad does
         sig.shared = tuple((t, version(t)) for t in shared_tensors((targs, tkwargs)))
+        if not isinstance(func, BatchedFunction):  # bf.function's may need grad: unknown
+            asked = tkwargs.get("requires_grad") is True  # zeros_like(x, requires_grad=True)
+            sig.set_grad_rule(grad_rule(func, mode, sig.shared, asked))
         if self.ragged:
             join_family(self.graph.families, sig, key)
         # kept for later runs when its key holds no object by identity (see lazy/graphs.py)
@@ -120,7 +123,7 @@ class SignatureMaker:
             multi=first.multi,
             site=first.site,
         )
-        sig.grad, sig.shared = first.grad, first.shared
+        sig.grad, sig.shared, sig.grad_rule = first.grad, first.shared, first.grad_rule
         sig.family, sig.length, sig.pool = family, length, family.rep
         sig.keep = first.keep
         return sig

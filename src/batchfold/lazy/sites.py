@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -12,12 +13,15 @@ import torch
 Tensor = torch.Tensor
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+_CONTEXTLIB = os.path.abspath(contextlib.__file__)  # a with-block's exit, run on the user's behalf
 _LEADING = ("input", "tensors", "self")  # parameter names that come first when passed by name
 
 
 @functools.lru_cache(maxsize=4096)
 def _is_user_file(filename: str) -> bool:
     path = os.path.abspath(filename)
+    if path == _CONTEXTLIB:
+        return False
     return not path.startswith((_PACKAGE_DIR, _TORCH_DIR)) or "/tests/" in path
 
 

@@ -16,6 +16,7 @@ from ..graph import Signature, TensorMeta
 from ..opbase import named
 from ..ops import OpRule
 from ..ragged import join_family, ragged_meta
+from ..signature import NO_GRAD
 from .dispatch import ORIGINAL_TENSOR
 from .semantics import is_random
 from .sites import func_name, user_site
@@ -147,7 +148,7 @@ class SourceMaker:
         """
         if type(x) is not Lazy or type(index) is not int or self.rec.trace is not None:
             return None  # in a traced module call, x[-1] stays one op of its template
-        if not _grad_enabled() and x._vid not in self.rec.graph.no_grad_values:
+        if not _grad_enabled() and x._vid not in self.rec.graph.grad_free:
             return None  # x may require grad: eager's x[i] is a view that does too, a pick not
         shape = x._meta.shape
         if not shape or not -shape[0] <= index < shape[0]:
@@ -214,6 +215,7 @@ class SourceMaker:
             if self.rec.ragged:
                 join_family(graph.families, sig, key)
             sig.keep = True  # a constant's kind: nothing held by identity
+            sig.set_grad_rule(NO_GRAD)  # but a factory's made with requires_grad (see make)
         return sig
 
     def make(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -226,7 +228,11 @@ class SourceMaker:
         meta = TensorMeta.of(tuple(value.shape), value.dtype, value.device)
         sig = self._signature(func, meta, "tensor")
         vid = rec.graph.add(sig, (), rec.instance, value)
+        if value.requires_grad:  # torch.zeros(3, requires_grad=True): stacked, it keeps its grad
+            rec.graph.grad_free.discard(vid)
         if rec.trace is not None:
+            if value.requires_grad:
+                rec.trace.refuse("makes a tensor that requires grad")
             if is_random(func):
                 rec.trace.refuse("draws random numbers in a factory")
             rec.trace.ops.append((sig, (), vid, value))

@@ -112,8 +112,11 @@ class Lazy:
 
     @property
     def requires_grad(self) -> bool:
-        """Gradients flow through lazy values like through any tensor."""
-        return self.dtype.is_floating_point
+        """Whether the value will require grad: as eager PyTorch's would (see
+        ``Signature.grad_rule``)."""
+        dtype = self._meta.dtype
+        differentiable = dtype.is_floating_point or dtype.is_complex
+        return differentiable and self._vid not in self._rec.graph.grad_free
 
     @property
     def T(self) -> Lazy:  # noqa: N802
@@ -285,6 +288,8 @@ def _copy_(self: Lazy, src: Any, non_blocking: bool = False) -> Lazy:
 
 
 def _fill_(self: Lazy, value: Any) -> Lazy:
+    if type(value) is Lazy and not value.shape:  # full_like takes numbers: copy it, broadcast
+        return self._rec.write(self, torch.Tensor.expand_as, (value, self), {}, "fill_()")
     return self._rec.write(self, torch.full_like, (self, value), {}, "fill_()")
 
 

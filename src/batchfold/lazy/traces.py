@@ -15,6 +15,7 @@ import torch
 
 from ..execute import Fallbacks, run_op, sources_batch
 from ..graph import Signature
+from ..signature import NO_GRAD
 from .lengths import FIXED, ROWS, SQUARE, Guard, class_of, rows_flag
 from .semantics import VIEW_NAMES
 from .sites import version
@@ -121,6 +122,9 @@ class Template:
     ) -> None:
         self.ops, self.outputs, self.structure = ops, outputs, structure
         self.fallbacks = fallbacks
+        self.grad_rule = max((op.grad_rule for op, _, _ in ops), default=NO_GRAD)
+        """When the call's outputs require grad: as the op that may most (``Signature.grad_rule``;
+        a call of ops that require grad as their inputs do needs grad where an argument does)."""
         self.dropped_after = _dropped_after(ops, outputs)
         """After each op, the earlier ops whose values no later op reads and the call does not
         return: a replay drops them then, so that over many rows it holds only the values still

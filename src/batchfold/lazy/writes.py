@@ -21,6 +21,7 @@ from .sites import func_name, user_site
 from .tensor import Lazy, has_lazy
 
 if TYPE_CHECKING:
+    from ..graph import Graph
     from .traces import Trace
 
 
@@ -34,6 +35,7 @@ class InPlaceWrites:
 
     _views_of: dict[int, list[weakref.ref[Lazy]]]
     trace: Trace | None
+    graph: Graph
 
     if TYPE_CHECKING:
 
@@ -71,6 +73,15 @@ class InPlaceWrites:
         if self.trace is not None and target._vid < self.trace.start:
             self.trace.refuse("writes in place into a tensor from outside the call")
         self._check_aliases(target, what)
+        grad_on, free = torch.is_grad_enabled(), self.graph.grad_free
+        if not grad_on and target._vid not in free:
+            raise UnsupportedOpError(
+                f"{what} at {user_site()} writes in place, outside grad mode, into a lazy "
+                "tensor that requires grad. Eager PyTorch leaves such a write out of the "
+                "gradient (gradients flow through the tensor as if it were unchanged); "
+                "batch_map records the write as a new value and cannot. Write it in grad mode, "
+                "or into a detached tensor: x = x.detach() first."
+            )
         result = self.call(func, args, kwargs)
         if type(result) is not Lazy:
             raise UnsupportedOpError(f"{what} at {user_site()} does not give one tensor")
@@ -86,6 +97,12 @@ class InPlaceWrites:
                     f"desired output type {target.dtype} (as in eager PyTorch)"
                 )
             result = self.call(torch.Tensor.to, (result, target.dtype), {})
+        # eager's target keeps its requires_grad through a write outside grad mode (none, as
+        # checked), and through zero_() or fill_() in grad mode (which record zeros_like...)
+        if not grad_on:
+            free.add(result._vid)
+        elif target._vid not in free:
+            free.discard(result._vid)
         target._vid, target._meta = result._vid, result._meta
         return target
 

@@ -1,0 +1,148 @@
+"""What recorded code cannot do as eager code does: refused, with the way to write it.
+
+Inside ``batch_map`` a value is a row of a batched tensor computed later, and gradients are
+computed once the batch has run. So autograd's per-tensor features (``backward()``, hooks,
+``.grad``, a leaf made with ``requires_grad_()``), a custom ``torch.autograd.Function`` (the
+recorder sees its forward's ops, not its ``backward``: the gradient would be another),
+entering ``torch.autocast`` (the ops run after the function has left it) and reseeding the
+random generator per instance (random ops draw when the batch runs, for every instance at
+once) cannot mean there what they mean eagerly; nor can a lazy tensor hidden in a container
+the recorder does not look into (a named tuple given to ``torch.cat``). Each raises
+:class:`~batchfold.errors.UnsupportedOpError` naming the file and line, not an
+``AttributeError`` deep inside, nor a silently different number.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_leaves
+
+from ..errors import UnsupportedOpError
+from .context import active_recorder
+from .sites import func_name, user_site
+from .tensor import Lazy, map_lazies
+
+_AFTER = (
+    "inside batch_map a value is a row of a batched tensor computed later, with no autograd "
+    "history of its own; return it from the function and use the result instead"
+)
+_ATTRIBUTES = {
+    "backward": "gradients are computed after batch_map has run the batch; return the loss "
+    "and call backward() on the result (or on the sum of the results)",
+    "register_hook": _AFTER,
+    "retain_grad": _AFTER,
+    "grad": _AFTER,
+    "grad_fn": _AFTER,
+    "is_leaf": _AFTER,
+    "data": "use detach(), which batch_map records",
+    "requires_grad_": "a tensor made inside the function is not a leaf of its own; pass a "
+    "tensor that requires grad in the instance and read it with torch.as_tensor(x): its "
+    "gradient comes back to it",
+}
+_PROPERTIES = frozenset(["grad", "grad_fn", "is_leaf", "data"])
+
+
+def _refused(name: str, hint: str) -> Callable[..., Any]:
+    def refuse(self: Lazy, *args: Any, **kwargs: Any) -> Any:
+        raise UnsupportedOpError(f"{name} of a lazy tensor at {user_site()}: {hint}.")
+
+    refuse.__name__ = name
+    refuse.__doc__ = f"Refused inside ``batch_map``: {hint}."
+    return refuse
+
+
+for _name, _hint in _ATTRIBUTES.items():
+    _made = _refused(_name, _hint)
+    setattr(Lazy, _name, property(_made) if _name in _PROPERTIES else _made)
+
+
+def refuse_hidden(func: Any, args: Any, kwargs: Any) -> Any:
+    """``func``, once sure that no lazy tensor hides in a container the recorder does not
+    look into (a named tuple): run as a call on shared tensors it would come back forever."""
+    if any(type(x) is Lazy for x in tree_leaves((args, kwargs))):
+        raise UnsupportedOpError(
+            f"{func_name(func)} at {user_site()} gets a lazy tensor inside a container other "
+            "than a list, tuple or dict (a named tuple?); pass them in a list or a tuple."
+        )
+    return func
+
+
+def function_apply(cls: Any, *args: Any, **kwargs: Any) -> Any:
+    """``torch.autograd.Function.apply`` that refuses lazy arguments inside ``batch_map`` where
+    its ``backward`` would matter: in grad mode, with an argument that requires grad."""
+    if torch.is_grad_enabled() and active_recorder() is not None and _needs_grad(args, kwargs):
+        raise UnsupportedOpError(
+            f"{cls.__name__}.apply at {user_site()}: a custom autograd Function on "
+            "per-instance values. batch_map sees the ops of its forward, not its backward, so "
+            "gradients would differ from eager PyTorch's. Call it on batched tensors instead: "
+            "wrap the code that calls it in bf.function(..., batched=True)."
+        )
+    return ORIGINAL_APPLY.__func__(cls, *args, **kwargs)
+
+
+def _needs_grad(args: Any, kwargs: Any) -> bool:
+    lazies: list[Lazy] = []
+    map_lazies(lazies.append, (args, kwargs))
+    return any(x.requires_grad for x in lazies)
+
+
+def _reseed(original: Callable[..., Any]) -> Callable[..., Any]:
+    name = original.__name__
+
+    def reseed(*args: Any, **kwargs: Any) -> Any:
+        rec = active_recorder()
+        if rec is not None and rec.driver.in_instance:
+            raise UnsupportedOpError(
+                f"torch.{name}() at {user_site()} inside batch_map's function: random ops draw "
+                "when the batch runs, for every instance at once, so a generator state set per "
+                "instance would not reach them. Seed once before batch_map (each instance "
+                "still draws numbers of its own)."
+            )
+        return original(*args, **kwargs)
+
+    reseed.__name__, reseed.__doc__ = name, original.__doc__
+    return reseed
+
+
+def autocast_enter(self: Any) -> Any:
+    """``torch.autocast.__enter__`` that refuses to change autocast inside the per-instance
+    function: recorded ops run later, after the function has left the context."""
+    rec = active_recorder()
+    if rec is not None and rec.driver.in_instance:
+        device = self.device
+        same = torch.is_autocast_enabled(device) == self._enabled and (
+            not self._enabled or torch.get_autocast_dtype(device) == self.fast_dtype
+        )
+        if not same:
+            raise UnsupportedOpError(
+                f"torch.autocast entered at {user_site()} inside batch_map's function: the "
+                "recorded ops run after the function has left it. Enter autocast around the "
+                "batch_map call instead, and every op runs under it."
+            )
+    return ORIGINAL_ENTER(self)
+
+
+_AUTOCAST = torch.amp.autocast_mode.autocast
+ORIGINAL_ENTER: Any = _AUTOCAST.__enter__
+_FUNCTION = torch.autograd.Function
+ORIGINAL_APPLY: Any = _FUNCTION.__dict__["apply"]  # a classmethod
+_APPLY = classmethod(function_apply)
+_SEEDING = [
+    (space, name, getattr(space, name))
+    for space in (torch, torch.random)
+    for name in ("manual_seed", "seed", "set_rng_state")
+]
+_RESEEDS = [(space, name, _reseed(original)) for space, name, original in _SEEDING]
+
+
+def patch(on: bool) -> None:
+    """Put the refusing forms of ``Function.apply``, ``torch.autocast.__enter__`` and the
+    random generator's seeding (``torch.manual_seed``, ``torch.seed``, ``torch.set_rng_state``)
+    in place (``on``), or PyTorch's back."""
+    _FUNCTION.apply = _APPLY if on else ORIGINAL_APPLY  # type: ignore[method-assign]
+    _AUTOCAST.__enter__ = autocast_enter if on else ORIGINAL_ENTER  # type: ignore[method-assign]
+    for (space, name, original), (_, _, refusing) in zip(_SEEDING, _RESEEDS, strict=True):
+        setattr(space, name, refusing if on else original)

@@ -1,0 +1,107 @@
+"""``batch_map`` under ``torch.autocast``: the dtypes, values and gradients of eager autocast.
+
+Autocast entered around ``batch_map`` holds while the batch runs, so every recorded op runs
+under it; output dtypes are found by running each new kind of op on zeros on its device
+(autocast's kernels pick them, which neither meta tensors nor shape rules know). Kept graphs
+and traces serve only runs under the same autocast state and dtype. Entering autocast inside
+the per-instance function is refused: the ops would run after the function has left it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import batchfold as bf
+from batchfold.errors import UnsupportedOpError
+from batchfold.schedule import Scheduler
+from reference import flat_tensors, loss_of
+
+TOL = 3e-2  # bfloat16 keeps 8 bits of mantissa; batched sums run in another order
+
+
+class _Cell(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp, self.out = nn.Linear(4, 6), nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(self.inp(x)))
+
+
+def _model() -> _Cell:
+    torch.manual_seed(0)
+    return _Cell()
+
+
+def _sequences() -> list[torch.Tensor]:
+    torch.manual_seed(1)
+    return [torch.randn(t, 4) for t in (1, 3, 5, 3, 2, 5)]
+
+
+def _per_sequence(cell: _Cell) -> Any:
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        rows = torch.as_tensor(x)  # [T, 4]
+        h = cell(rows)  # a cached module call on rows of any length
+        last = cell(rows[-1])  # one row: by shape
+        pooled = h.sum(0) + last
+        return pooled, torch.softmax(h, 0), rows.matmul(cell.inp.weight.t()).float()
+
+    return fn
+
+
+def _compare(fn: Any, model: nn.Module, scheduler: Scheduler, dtype: torch.dtype) -> None:
+    params = list(model.parameters())
+    with torch.autocast("cpu", dtype=dtype):
+        eager = [fn(x) for x in _sequences()]
+        batched = bf.batch_map(fn, _sequences(), scheduler=scheduler)
+    want, got = flat_tensors(eager), flat_tensors(batched)
+    assert len(want) == len(got)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape and g.requires_grad == w.requires_grad
+        torch.testing.assert_close(g.float(), w.float(), rtol=TOL, atol=TOL)
+    want_grads = torch.autograd.grad(loss_of(eager), params)
+    got_grads = torch.autograd.grad(loss_of(batched), params)
+    for g, w in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(g, w, rtol=TOL, atol=TOL)
+
+
+@pytest.mark.parametrize("scheduler", ["agenda", "depth"])
+def test_batch_map_inside_autocast_gives_eagers_dtypes_and_values(scheduler: Scheduler) -> None:
+    cell = _model()
+    _compare(_per_sequence(cell), cell, scheduler, torch.bfloat16)
+
+
+def test_runs_under_other_autocast_states_do_not_share_kept_graphs() -> None:
+    cell = _model()
+    fn = _per_sequence(cell)
+    for dtype in (torch.bfloat16, torch.float16, torch.bfloat16):
+        _compare(fn, cell, "agenda", dtype)
+        plain = bf.batch_map(fn, _sequences())  # and without autocast, between them
+        assert all(t.dtype == torch.float32 for t in flat_tensors(plain))
+
+
+def test_entering_autocast_inside_the_function_is_refused() -> None:
+    cell = _model()
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return cell(torch.as_tensor(x))
+
+    with pytest.raises(UnsupportedOpError, match=r"torch.autocast entered at .*test_autocast"):
+        bf.batch_map(fn, _sequences())
+
+
+def test_an_autocast_that_changes_nothing_inside_the_function_records() -> None:
+    cell = _model()
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", enabled=False):  # off already: nothing changes
+            return cell(torch.as_tensor(x))
+
+    got = bf.batch_map(fn, _sequences())
+    for g, x in zip(got, _sequences(), strict=True):
+        torch.testing.assert_close(g, fn(x))

@@ -1,0 +1,125 @@
+"""Autograd features recorded code cannot have, and per-instance reseeding, are refused.
+
+Each refusal names the file and line and the way to write it (see ``batchfold.lazy.refusals``);
+the ways the messages give work and equal eager PyTorch.
+"""
+
+from __future__ import annotations
+
+from collections import namedtuple
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import batchfold as bf
+from batchfold.errors import UnsupportedOpError
+from reference import assert_matches_eager
+
+LIN = nn.Linear(3, 3).double()
+
+
+def _inputs(n: int) -> list[torch.Tensor]:
+    torch.manual_seed(n)
+    return [torch.randn(3, dtype=torch.float64) for _ in range(n)]
+
+
+def _hidden(x: torch.Tensor) -> Any:
+    return LIN(torch.as_tensor(x))
+
+
+class _Cube(torch.autograd.Function):
+    """x ** 3 with a deliberately different backward (a straight-through gradient)."""
+
+    @staticmethod
+    def forward(ctx: object, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return x * x * x
+
+    @staticmethod
+    def backward(ctx: object, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return grad
+
+
+_Pair = namedtuple("_Pair", "first second")
+
+
+def _seeded_dropout(x: torch.Tensor) -> Any:
+    torch.manual_seed(0)
+    return F.dropout(_hidden(x), 0.5)
+
+
+def _reseeded(x: torch.Tensor) -> Any:
+    torch.set_rng_state(torch.get_rng_state())
+    return _hidden(x)
+
+
+CASES: list[tuple[str, Callable[[torch.Tensor], Any], str]] = [
+    ("backward", lambda x: _hidden(x).sum().backward(), r"backward of a lazy tensor at"),
+    ("hook", lambda x: _hidden(x).register_hook(lambda g: g), r"register_hook of a lazy"),
+    ("retain_grad", lambda x: _hidden(x).retain_grad(), r"retain_grad of a lazy"),
+    ("grad", lambda x: _hidden(x).grad, r"grad of a lazy tensor at"),
+    ("grad_fn", lambda x: _hidden(x).grad_fn, r"grad_fn of a lazy"),
+    ("is_leaf", lambda x: _hidden(x).is_leaf, r"is_leaf of a lazy"),
+    ("data", lambda x: _hidden(x).data, r"data of a lazy tensor at .*use detach\(\)"),
+    (
+        "requires_grad_",
+        lambda x: torch.as_tensor(x).clone().requires_grad_(),
+        r"requires_grad_ of a lazy.*torch.as_tensor",
+    ),
+    (
+        "autograd.grad",
+        lambda x: torch.autograd.grad(_hidden(x).sum(), LIN.weight),
+        r"grad at .* on lazy tensors",
+    ),
+    ("Function", lambda x: _Cube.apply(_hidden(x)), r"_Cube.apply at .*bf.function"),
+    ("named tuple", lambda x: torch.cat(_Pair(_hidden(x), _hidden(x))), r"cat at .*named tuple"),
+    ("manual_seed", _seeded_dropout, r"torch.manual_seed\(\) at .*Seed once before"),
+    ("set_rng_state", _reseeded, r"torch.set_rng_state\(\) at "),
+]
+
+
+@pytest.mark.parametrize(("name", "fn", "message"), CASES, ids=[c[0] for c in CASES])
+def test_refused_with_the_line_and_the_way(
+    name: str, fn: Callable[[torch.Tensor], Any], message: str
+) -> None:
+    with pytest.raises(UnsupportedOpError, match=message) as caught:
+        bf.batch_map(fn, _inputs(2))
+    assert "test_refusals.py:" in str(caught.value)
+
+
+def test_seeding_and_functions_outside_batch_map_are_untouched() -> None:
+    torch.manual_seed(3)
+    first = torch.rand(2)
+    torch.manual_seed(3)
+    assert torch.equal(first, torch.rand(2))
+    x = torch.ones(2, requires_grad=True)
+    _Cube.apply(x).sum().backward()
+    assert x.grad is not None and torch.equal(x.grad, torch.ones(2))  # its own backward
+    assert torch.autograd.Function.apply is not None
+
+
+def test_a_custom_function_in_a_batched_function_keeps_its_backward() -> None:
+    cube = bf.function(_Cube.apply, batched=True)
+    assert_matches_eager(lambda x: cube(_hidden(x)), _inputs(4), LIN)
+
+
+def test_a_custom_function_where_its_backward_cannot_matter_records() -> None:
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        h = _hidden(x)
+        with torch.no_grad():
+            quiet = _Cube.apply(h)  # outside grad mode
+        return quiet, _Cube.apply(torch.as_tensor(x)), h  # ... and on a tensor without grad
+
+    assert_matches_eager(fn, _inputs(4), LIN)
+
+
+def test_leaves_passed_in_the_instances_get_their_gradients() -> None:
+    leaves = [x.requires_grad_() for x in _inputs(3)]
+    out = bf.batch_map(lambda a: _hidden(a).pow(2).sum(), leaves)
+    got = torch.autograd.grad(torch.stack(out).sum(), leaves)
+    want = torch.autograd.grad(torch.stack([_hidden(a).pow(2).sum() for a in leaves]).sum(), leaves)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)

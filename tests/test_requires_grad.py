@@ -1,0 +1,203 @@
+"""``requires_grad`` of recorded values equals eager's, also where one step mixes both kinds.
+
+A step runs nodes whose inputs require grad beside nodes whose inputs do not (``tanh`` of a
+layer's output and ``tanh`` of a raw input): its one output tensor requires grad, so values
+eager PyTorch gives ``requires_grad=False`` are handed back detached. Ops without gradients
+(``zeros_like``, ``detach``, integer outputs), grad modes, cached module calls and
+``Lazy.requires_grad`` follow eager too; a write outside grad mode into a tensor that requires
+grad, which recording cannot reproduce, is refused.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import batchfold as bf
+from batchfold.errors import UnsupportedOpError
+from batchfold.schedule import Scheduler
+from reference import assert_matches_eager
+
+SCHEDULERS = ["agenda", "depth"]
+
+
+def _inputs(n: int, size: int = 3) -> list[torch.Tensor]:
+    torch.manual_seed(n)
+    return [torch.randn(size, dtype=torch.float64) for _ in range(n)]
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_a_step_of_both_kinds_hands_back_eagers_flags(scheduler: Scheduler) -> None:
+    lin = nn.Linear(3, 3).double()
+
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        a = torch.as_tensor(x)
+        h, r = lin(a), torch.relu(a)  # both one op from the input: one tanh step below
+        return torch.tanh(h), torch.tanh(r), torch.tanh(r) * h, torch.tanh(r) + 1.0
+
+    stats = assert_matches_eager(fn, _inputs(6), lin, scheduler)
+    assert stats.plan is not None
+    tanh_steps = [s for s in stats.plan.steps if s.sig.name == "tanh"]
+    assert sum(len(s.nodes) for s in tanh_steps) == 24 and len(tanh_steps) == 1
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_ops_without_gradients_and_integer_outputs(scheduler: Scheduler) -> None:
+    lin = nn.Linear(3, 4).double()
+
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        h = lin(torch.as_tensor(x))
+        values, index = h.max(0)
+        made = torch.zeros(4, dtype=torch.float64, requires_grad=True)
+        return (
+            torch.tanh(torch.zeros_like(h)),
+            torch.tanh(h.detach()),
+            torch.tanh(h.new_ones(4)),
+            torch.tanh(torch.full_like(h, 0.5)),
+            torch.tanh(index.double()) + values,
+            torch.tanh(h.argmax().double()),
+            torch.tanh(made) * 2,
+            torch.tanh(h),
+        )
+
+    assert_matches_eager(fn, _inputs(5), lin, scheduler)
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_grad_modes_and_views(scheduler: Scheduler) -> None:
+    lin = nn.Linear(3, 3).double()
+
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        a = torch.as_tensor(x)
+        h = lin(a)
+        with torch.no_grad():
+            kept = h[1:]  # a view keeps its base's flag, outside grad mode too
+            copied = torch.tanh(h)
+            view_of_raw = a[1:]
+        with torch.no_grad(), torch.enable_grad():
+            inner = torch.tanh(a) * h
+        return kept * 1.0, copied, view_of_raw, torch.tanh(copied), inner
+
+    assert_matches_eager(fn, _inputs(5), lin, scheduler)
+
+
+_NO_GRAD_CALLS = {
+    "cpu": lambda h: h.cpu(),  # hands back h itself: keeps h's flag and gradient path
+    "conj": lambda h: h.conj(),
+    "positive": torch.positive,
+    "atleast_1d": torch.atleast_1d,
+    "sum_to_size": lambda h: h.sum_to_size(3),
+    "adjoint_of_rows": lambda h: h[None].adjoint(),
+    "mul": lambda h: h * 2.0,  # a new tensor: no flag
+    "tanh": torch.tanh,
+}
+
+
+@pytest.mark.parametrize("name", list(_NO_GRAD_CALLS))
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_calls_outside_grad_mode_keep_what_eager_keeps(name: str, mode: str) -> None:
+    lin, call = nn.Linear(3, 3).double(), _NO_GRAD_CALLS[name]
+    context = torch.no_grad if mode == "no_grad" else torch.inference_mode
+
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = lin(torch.as_tensor(x))
+        with context():
+            out = call(h)
+        return out, h
+
+    assert_matches_eager(fn, _inputs(4), lin)
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_writes_keep_the_targets_flag(scheduler: Scheduler) -> None:
+    lin = nn.Linear(3, 3).double()
+
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        a = torch.as_tensor(x)
+        h = lin(a)
+        free = a.clone()
+        with torch.no_grad():
+            free.copy_(h)  # into a tensor without grad: still none
+        filled = a.clone().fill_(h.sum())  # a 0-d lazy value: its gradient flows
+        made = torch.zeros_like(h, requires_grad=True) * 2
+        return free * h, filled, made
+
+    assert_matches_eager(fn, _inputs(4), lin, scheduler)
+
+
+class _Scale(nn.Module):
+    def __init__(self, weight: bool) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(3, dtype=torch.float64)) if weight else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.tanh(x) * 2.0
+        return y * self.w if self.w is not None else y
+
+
+@pytest.mark.parametrize("weight", [True, False])
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_cached_module_calls_on_inputs_with_and_without_grad(
+    scheduler: Scheduler, weight: bool
+) -> None:
+    lin, scale = nn.Linear(3, 3).double(), _Scale(weight)
+    model = nn.ModuleList([lin, scale])
+
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a = torch.as_tensor(x)
+        return scale(a), scale(lin(a))
+
+    stats = assert_matches_eager(fn, _inputs(6), model, scheduler)
+    assert stats.module_calls_cached > 0
+
+
+def test_lazy_requires_grad_reads_as_eager() -> None:
+    lin = nn.Linear(3, 3).double()
+    seen: list[list[bool]] = []
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        a = torch.as_tensor(x)
+        h = lin(a)
+        with torch.no_grad():
+            q = h * 2
+        flags = [a.requires_grad, h.requires_grad, torch.tanh(a).requires_grad, q.requires_grad]
+        flags += [h.detach().requires_grad, h.argmax().requires_grad, (a + h).requires_grad]
+        seen.append(flags)
+        return h
+
+    inputs = _inputs(3)
+    eager = [fn(x) for x in inputs]
+    want, seen[:] = list(seen), []
+    bf.batch_map(fn, inputs)
+    assert seen == want and len(eager) == 3
+    assert want[0] == [False, True, False, False, False, False, True]
+
+
+def test_a_write_outside_grad_mode_into_a_tensor_that_requires_grad_is_refused() -> None:
+    lin = nn.Linear(3, 3).double()
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        h = lin(torch.as_tensor(x))
+        with torch.no_grad():
+            h.add_(1.0)
+        return h
+
+    with pytest.raises(UnsupportedOpError, match=r"add_\(\) at .*test_requires_grad.py:\d+"):
+        bf.batch_map(fn, _inputs(2))
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_a_write_outside_grad_mode_into_a_tensor_without_grad_records(
+    scheduler: Scheduler,
+) -> None:
+    lin = nn.Linear(3, 3).double()
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        a = torch.as_tensor(x).clone()
+        with torch.no_grad():
+            a.mul_(2.0)
+            a[0] = 1.0
+        return lin(a)
+
+    assert_matches_eager(fn, _inputs(4), lin, scheduler)
