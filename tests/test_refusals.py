@@ -10,6 +10,7 @@ from collections import namedtuple
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -76,6 +77,8 @@ CASES: list[tuple[str, Callable[[torch.Tensor], Any], str]] = [
     ),
     ("Function", lambda x: _Cube.apply(_hidden(x)), r"_Cube.apply at .*bf.function"),
     ("named tuple", lambda x: torch.cat(_Pair(_hidden(x), _hidden(x))), r"cat at .*named tuple"),
+    ("own memory", lambda x: torch.as_tensor(x).add_(1.0), r"add_\(\) at .*own tensor"),
+    ("own memory, a view", lambda x: torch.as_tensor(x)[1:].mul_(2.0), r"mul_\(\) at .*own"),
     ("manual_seed", _seeded_dropout, r"torch.manual_seed\(\) at .*Seed once before"),
     ("set_rng_state", _reseeded, r"torch.set_rng_state\(\) at "),
 ]
@@ -114,6 +117,21 @@ def test_a_custom_function_where_its_backward_cannot_matter_records() -> None:
         return quiet, _Cube.apply(torch.as_tensor(x)), h  # ... and on a tensor without grad
 
     assert_matches_eager(fn, _inputs(4), LIN)
+
+
+def test_writes_into_copies_of_an_instances_tensor_record() -> None:
+    shared = torch.ones(3, dtype=torch.float64)  # one tensor in every instance, as eagerly
+
+    def fn(x: Any) -> torch.Tensor:
+        a, b = torch.as_tensor(x).clone(), torch.as_tensor(x, dtype=torch.float32)
+        a.add_(1.0)
+        b.mul_(2.0)  # a cast is a copy too
+        return _hidden(a) + b.double()
+
+    got = bf.batch_map(fn, [shared, shared, np.ones(3)])
+    assert torch.equal(shared, torch.ones(3, dtype=torch.float64))
+    for g in got:
+        torch.testing.assert_close(g, fn(shared))
 
 
 def test_leaves_passed_in_the_instances_get_their_gradients() -> None:

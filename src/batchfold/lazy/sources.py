@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from ..graph import Signature, TensorMeta
@@ -72,6 +73,16 @@ _SCALAR_DTYPES: dict[type, torch.dtype | None] = {int: torch.int64, bool: torch.
 _NUMBER_KEYWORDS = frozenset(("dtype", "device"))
 
 
+_AS_TENSOR = torch.as_tensor
+
+
+def _same_memory(value: Tensor, data: Any) -> bool:
+    """Whether ``torch.as_tensor(data)`` gave ``data``'s own memory (no copy)."""
+    if isinstance(data, Tensor):
+        return value is data
+    return isinstance(data, np.ndarray) and data.size > 0 and value.data_ptr() == data.ctypes.data
+
+
 def _batched_source(sig: Signature, inputs: list[Tensor], n: int) -> Tensor:
     raise AssertionError("source steps are built by the executor from their payloads")
 
@@ -85,6 +96,9 @@ class SourceMaker:
     def __init__(self, rec: Recorder) -> None:
         self.rec = rec
         self._scalars: dict[tuple[Any, ...], tuple[Signature, TensorMeta]] = {}
+        # values that are the instance's own memory (torch.as_tensor(x) made no copy): eager
+        # PyTorch writes into them change x, which a recorded write does not (writes.py)
+        self.instance_memory: set[int] = set()
 
     def operand(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """``x - c`` whose number ``c`` has differed between calls: ``c`` as a source node.
@@ -228,6 +242,8 @@ class SourceMaker:
         meta = TensorMeta.of(tuple(value.shape), value.dtype, value.device)
         sig = self._signature(func, meta, "tensor")
         vid = rec.graph.add(sig, (), rec.instance, value)
+        if func is _AS_TENSOR and _same_memory(value, args[0]):
+            self.instance_memory.add(vid)
         if value.requires_grad:  # torch.zeros(3, requires_grad=True): stacked, it keeps its grad
             rec.graph.grad_free.discard(vid)
         if rec.trace is not None:

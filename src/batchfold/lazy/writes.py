@@ -22,6 +22,7 @@ from .tensor import Lazy, has_lazy
 
 if TYPE_CHECKING:
     from ..graph import Graph
+    from .sources import SourceMaker
     from .traces import Trace
 
 
@@ -36,6 +37,7 @@ class InPlaceWrites:
     _views_of: dict[int, list[weakref.ref[Lazy]]]
     trace: Trace | None
     graph: Graph
+    sources: SourceMaker
 
     if TYPE_CHECKING:
 
@@ -55,6 +57,9 @@ class InPlaceWrites:
             refs.append(weakref.ref(out))
         views_of = self._views_of
         views_of.setdefault(base._vid, []).extend(refs)
+        memory = self.sources.instance_memory
+        if base._vid in memory:  # a view of an instance's own tensor is its memory too
+            memory.update(out._vid for out in outs)
         for ancestor in above or ():
             if (alive := ancestor()) is not None:
                 views_of.setdefault(alive._vid, []).extend(refs)
@@ -73,6 +78,13 @@ class InPlaceWrites:
         if self.trace is not None and target._vid < self.trace.start:
             self.trace.refuse("writes in place into a tensor from outside the call")
         self._check_aliases(target, what)
+        if target._vid in self.sources.instance_memory:
+            raise UnsupportedOpError(
+                f"{what} at {user_site()} writes in place into an instance's own tensor: "
+                "torch.as_tensor(x) made no copy, so eager PyTorch would change x itself (and "
+                "every instance sharing it), which batch_map does not. Copy it first, "
+                "torch.as_tensor(x).clone() or torch.tensor(x), or write out of place."
+            )
         grad_on, free = torch.is_grad_enabled(), self.graph.grad_free
         if not grad_on and target._vid not in free:
             raise UnsupportedOpError(
