@@ -121,30 +121,63 @@ def test_a_module_that_reads_a_value_is_not_cached_and_matches_eager() -> None:
     assert stats.module_calls_cached > 0  # its Linear, called in each (uncached) forward
 
 
-class Counting(nn.Module):
-    """Records different ops on alternate calls: the second trace sees it."""
+class Alternating(nn.Module):
+    """Records different ops on alternate calls (its state is outside it): the second trace
+    sees it."""
+
+    def __init__(self, calls: list[int]) -> None:
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+        self.counter = calls  # a list it shares with the test: its length never changes
+
+    def forward(self, x: Any) -> Any:
+        self.counter[0] += 1
+        return self.lin(x) * 2 if self.counter[0] % 2 else self.lin(x)
+
+
+def test_a_module_whose_ops_change_between_calls_is_not_cached() -> None:
+    calls = [0]
+    module = Alternating(calls)
+    outs, stats = bf.batch_map(
+        lambda x: module(torch.tensor(x)), [[1.0, 2.0]] * 5, return_stats=True
+    )
+    assert stats.module_misses == {
+        "Alternating: records different ops on calls with the same arguments": 4
+    }
+    calls[0] = 0
+    for out in outs:
+        torch.testing.assert_close(out, module(torch.tensor([1.0, 2.0])))
+
+
+class Noting(nn.Module):
+    """Counts its calls and keeps what it saw: Python side effects on every call."""
 
     def __init__(self) -> None:
         super().__init__()
         self.lin = nn.Linear(2, 2)
         self.calls = 0
+        self.seen: list[tuple[int, ...]] = []
 
     def forward(self, x: Any) -> Any:
         self.calls += 1
-        return self.lin(x) * 2 if self.calls % 2 else self.lin(x)
+        self.seen.append(tuple(x.shape))
+        return torch.tanh(self.lin(x))
 
 
-def test_a_module_whose_ops_change_between_calls_is_not_cached() -> None:
-    module = Counting()
+@pytest.mark.parametrize("ragged", [True, False])
+def test_a_module_that_changes_its_attributes_runs_its_python_on_every_call(
+    ragged: bool,
+) -> None:
+    module = Noting()
+    items = [torch.randn(n, 2) for n in (1, 3, 3, 2, 3, 1)]
     outs, stats = bf.batch_map(
-        lambda x: module(torch.tensor(x)), [[1.0, 2.0]] * 5, return_stats=True
+        lambda x: module(torch.as_tensor(x)), items, ragged=ragged, return_stats=True
     )
-    assert stats.module_misses == {
-        "Counting: records different ops on calls with the same arguments": 4
-    }
-    module.calls = 0
-    for out in outs:
-        torch.testing.assert_close(out, module(torch.tensor([1.0, 2.0])))
+    assert module.calls == len(items) and module.seen == [tuple(x.shape) for x in items]
+    assert stats.module_calls_cached == 0
+    assert all("changes its attribute Noting.calls" in reason for reason in stats.module_misses)
+    for out, x in zip(outs, items, strict=True):
+        torch.testing.assert_close(out, torch.tanh(module.lin(x)))
 
 
 def test_dropout_inside_a_cached_module_draws_per_instance() -> None:

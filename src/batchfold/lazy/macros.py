@@ -34,7 +34,7 @@ from .ragged_macros import ORIGINAL_CALL, RaggedMacro, RaggedTemplate, call_ragg
 from .semantics import grad_mode, own_hooks
 from .sites import user_site
 from .tensor import Lazy, build, has_lazy
-from .traces import Template, Trace
+from .traces import Template, Trace, attribute_state, changed_attribute
 
 if TYPE_CHECKING:
     from .recorder import Recorder
@@ -224,11 +224,14 @@ class ModuleCache:
         graph = rec.graph
         start = (graph.node_base + graph.pending) << OUT_BITS
         trace = rec.trace = Trace(inputs, start, lengths, flags)
+        state = attribute_state(module)
         try:
             result = ORIGINAL_CALL(module, *args, **kwargs)
         finally:
             if rec.trace is trace:  # a read inside the call has already stopped it
                 rec.trace = None
+        if (changed := changed_attribute(state)) is not None:
+            trace.refuse(f"changes its attribute {changed}, which a cached call would not")
         self.traced += 1
         return trace, result
 

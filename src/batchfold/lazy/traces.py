@@ -107,6 +107,36 @@ class Trace:
         return Template(ops, refs, structure, fallbacks)
 
 
+_CONTAINERS = (list, dict, set)
+_MISSING = object()
+
+
+def attribute_state(module: torch.nn.Module) -> list[tuple[Any, dict[str, Any], dict[str, int]]]:
+    """What a call could change of ``module`` and its submodules in Python: each one's
+    attributes by identity (``self.calls += 1`` binds another object), and the lengths of
+    lists, dicts and sets among them (``self.seen.append(h)``)."""
+    state = []
+    for m in module.modules():
+        values = dict(vars(m))
+        sizes = {k: len(v) for k, v in values.items() if type(v) in _CONTAINERS}
+        state.append((m, values, sizes))
+    return state
+
+
+def changed_attribute(state: list[tuple[Any, dict[str, Any], dict[str, int]]]) -> str | None:
+    """The first attribute a call changed since :func:`attribute_state` (``None``: none).
+
+    A cached call would not run the module's Python again, so the change would happen only
+    on the calls that were traced; such modules are recorded op by op instead."""
+    for module, before, sizes in state:
+        now = vars(module)
+        for name in before.keys() | now.keys():
+            new = now.get(name, _MISSING)
+            if before.get(name, _MISSING) is not new or (name in sizes and len(new) != sizes[name]):
+                return f"{type(module).__name__}.{name}"
+    return None
+
+
 _Made = TypeVar("_Made", bound="Template")  # for_store keeps the kind of template
 
 
