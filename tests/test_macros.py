@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import random
 from typing import Any
 
@@ -121,30 +122,32 @@ def test_a_module_that_reads_a_value_is_not_cached_and_matches_eager() -> None:
     assert stats.module_calls_cached > 0  # its Linear, called in each (uncached) forward
 
 
+_CALLS = [0]  # state outside the module: no attribute of it changes
+
+
 class Alternating(nn.Module):
     """Records different ops on alternate calls (its state is outside it): the second trace
     sees it."""
 
-    def __init__(self, calls: list[int]) -> None:
+    def __init__(self) -> None:
         super().__init__()
         self.lin = nn.Linear(2, 2)
-        self.counter = calls  # a list it shares with the test: its length never changes
 
     def forward(self, x: Any) -> Any:
-        self.counter[0] += 1
-        return self.lin(x) * 2 if self.counter[0] % 2 else self.lin(x)
+        _CALLS[0] += 1
+        return self.lin(x) * 2 if _CALLS[0] % 2 else self.lin(x)
 
 
 def test_a_module_whose_ops_change_between_calls_is_not_cached() -> None:
-    calls = [0]
-    module = Alternating(calls)
+    _CALLS[0] = 0
+    module = Alternating()
     outs, stats = bf.batch_map(
         lambda x: module(torch.tensor(x)), [[1.0, 2.0]] * 5, return_stats=True
     )
     assert stats.module_misses == {
         "Alternating: records different ops on calls with the same arguments": 4
     }
-    calls[0] = 0
+    _CALLS[0] = 0
     for out in outs:
         torch.testing.assert_close(out, module(torch.tensor([1.0, 2.0])))
 
@@ -163,21 +166,61 @@ class Noting(nn.Module):
         self.seen.append(tuple(x.shape))
         return torch.tanh(self.lin(x))
 
+    def count(self) -> int:
+        """How many calls it saw."""
+        return self.calls
 
+
+class _State:
+    """A plain object a module keeps its counts in."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+
+class NotingDeeper(Noting):
+    """Changes what its containers and objects hold, binding no attribute anew."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stats, self.ring, self.state = {"n": 0}, collections.deque([0, 0]), _State()
+
+    def forward(self, x: Any) -> Any:
+        self.stats["n"] += 1  # a dict's value
+        self.ring.append(self.stats["n"])  # a deque kept at its length
+        self.ring.popleft()
+        self.state.n += 1  # a plain object's attribute
+        return torch.tanh(self.lin(x)) * (2.0 if self.state.n > 3 else 1.0)
+
+    def count(self) -> int:
+        """How many calls it saw."""
+        return self.state.n
+
+
+@pytest.mark.parametrize("kind", [Noting, NotingDeeper])
 @pytest.mark.parametrize("ragged", [True, False])
 def test_a_module_that_changes_its_attributes_runs_its_python_on_every_call(
-    ragged: bool,
+    ragged: bool, kind: type[Noting]
 ) -> None:
-    module = Noting()
+    module, eager_module = kind(), kind()
+    eager_module.load_state_dict(module.state_dict())
     items = [torch.randn(n, 2) for n in (1, 3, 3, 2, 3, 1)]
     outs, stats = bf.batch_map(
         lambda x: module(torch.as_tensor(x)), items, ragged=ragged, return_stats=True
     )
-    assert module.calls == len(items) and module.seen == [tuple(x.shape) for x in items]
+    assert module.count() == len(items)
     assert stats.module_calls_cached == 0
-    assert all("changes its attribute Noting.calls" in reason for reason in stats.module_misses)
+    assert all("changes its attribute" in reason for reason in stats.module_misses)
     for out, x in zip(outs, items, strict=True):
-        torch.testing.assert_close(out, torch.tanh(module.lin(x)))
+        torch.testing.assert_close(out, eager_module(x))
+    assert vars(module).keys() == vars(eager_module).keys()
+
+
+def test_multihead_attention_per_instance_equals_eager() -> None:
+    torch.manual_seed(0)
+    attention = nn.MultiheadAttention(8, 2).double()
+    items = [torch.randn(n, 8, dtype=torch.float64) for n in (4, 4, 2, 1)]
+    assert_matches_eager(lambda x: attention(*(torch.as_tensor(x),) * 3)[0], items, attention)
 
 
 def test_dropout_inside_a_cached_module_draws_per_instance() -> None:

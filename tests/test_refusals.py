@@ -134,6 +134,39 @@ def test_writes_into_copies_of_an_instances_tensor_record() -> None:
         torch.testing.assert_close(g, fn(shared))
 
 
+def test_an_instances_tensor_changed_after_as_tensor_read_it_is_refused() -> None:
+    def fn(x: torch.Tensor) -> Any:
+        doubled = torch.as_tensor(x) * 2  # eagerly computed now, from the old values
+        x.add_(1.0)  # the instance's own tensor, changed in place
+        return doubled
+
+    with pytest.raises(UnsupportedOpError, match=r"changed in place before batch_map ran"):
+        bf.batch_map(fn, _inputs(2))
+
+
+def test_an_instances_array_changed_after_as_tensor_read_it_keeps_the_old_values() -> None:
+    def fn(x: np.ndarray) -> Any:
+        doubled = torch.as_tensor(x) * 2
+        x += 1.0  # NumPy memory has no version to watch: the source keeps a copy
+        return doubled
+
+    got = bf.batch_map(fn, [np.ones(3), np.zeros(3)])
+    want = [fn(x) for x in [np.ones(3), np.zeros(3)]]
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+
+
+def test_writes_into_a_cast_of_an_instances_tensor_record() -> None:
+    def fn(x: torch.Tensor) -> Any:
+        y = torch.as_tensor(x).float()  # float64 to float32: a copy
+        y.add_(1.0)
+        return y
+
+    got = bf.batch_map(fn, _inputs(2))
+    for g, x in zip(got, _inputs(2), strict=True):
+        torch.testing.assert_close(g, x.float() + 1.0)
+
+
 def test_leaves_passed_in_the_instances_get_their_gradients() -> None:
     leaves = [x.requires_grad_() for x in _inputs(3)]
     out = bf.batch_map(lambda a: _hidden(a).pow(2).sum(), leaves)

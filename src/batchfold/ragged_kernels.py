@@ -191,7 +191,15 @@ def _packed_rnn(sig: Signature, inputs: list[Tensor], lengths: np.ndarray) -> tu
     )
 
 
+_LOW = (torch.float16, torch.bfloat16)  # eager PyTorch sums these in float32
+
+
 def _segment_sum(x: Tensor, segment: Tensor, n: int) -> Tensor:
+    """Each segment's rows added up; half-precision rows in float32, rounded once at the end,
+    as eager sums are (added up in bfloat16, 1,000 ones make 256)."""
+    if x.dtype in _LOW:
+        wide = x.new_zeros((n, *x.shape[1:]), dtype=torch.float32)
+        return wide.index_add(0, segment, x.float()).to(x.dtype)
     return x.new_zeros((n, *x.shape[1:])).index_add(0, segment, x)
 
 
@@ -204,12 +212,13 @@ def _segment_max(x: Tensor, segment: Tensor, n: int) -> Tensor:
 def _segment_reduce(kind: str, x: Tensor, segment: Tensor, lengths: np.ndarray) -> Tensor:
     n = len(lengths)
     if kind == "sum_all" or kind == "mean_all":
-        per_row = x.reshape(len(x), math.prod(x.shape[1:])).sum(1)  # -1 fails on 0 rows
+        wide = torch.float32 if x.dtype in _LOW else x.dtype  # one rounding, as eagerly
+        per_row = x.reshape(len(x), math.prod(x.shape[1:])).sum(1, dtype=wide)  # -1: 0 rows
         total = _segment_sum(per_row, segment, n)
         if kind == "sum_all":
-            return total
-        count = torch.from_numpy(lengths * (x[0].numel() if len(x) else 0)).to(x.device, x.dtype)
-        return total / count
+            return total.to(x.dtype)
+        count = torch.from_numpy(lengths * (x[0].numel() if len(x) else 0)).to(x.device, wide)
+        return (total / count).to(x.dtype)
     if kind == "sum":
         return _segment_sum(x, segment, n)
     if kind == "mean":

@@ -118,7 +118,10 @@ def batch_map(
                 "inner calls join the outer batch; ask the outer call for stats"
             )
         return [fn(x) for x in instances]
-    rec = Recorder(scheduler, cache_modules, ragged)
+    # under autocast, values batch by shape: ragged rules compute some ops (a weighted sum of
+    # rows for a matmul) with other kernels than autocast's, and other dtypes
+    autocast = torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda")
+    rec = Recorder(scheduler, cache_modules, ragged and not autocast)
     if profile:
         rec.store.profile = Profile()
     start = time.perf_counter()

@@ -329,6 +329,15 @@ class Recorder(InPlaceWrites, SignatureMaker, TorchFunctionMode):
         self.graph.clear_pending()
 
     def _check_shared_versions(self) -> None:
+        for tensor, seen in self.sources.watched:
+            if version(tensor) != seen:
+                raise UnsupportedOpError(
+                    f"an instance's tensor ({tuple(tensor.shape)}) read with torch.as_tensor, "
+                    "which made no copy, was changed in place before batch_map ran the "
+                    "recorded ops, so they would see its new values where eager PyTorch read "
+                    "the old ones. Copy it first: torch.as_tensor(x).clone()."
+                )
+        self.sources.watched = []
         signatures = self.graph.signatures
         for pool in self.graph.touched:  # the buffers holding pending nodes
             sig = signatures[pool]

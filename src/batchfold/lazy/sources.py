@@ -20,7 +20,7 @@ from ..ragged import join_family, ragged_meta
 from ..signature import NO_GRAD
 from .dispatch import ORIGINAL_TENSOR
 from .semantics import is_random
-from .sites import func_name, user_site
+from .sites import func_name, user_site, version
 from .tensor import Lazy
 
 if TYPE_CHECKING:
@@ -99,6 +99,7 @@ class SourceMaker:
         # values that are the instance's own memory (torch.as_tensor(x) made no copy): eager
         # PyTorch writes into them change x, which a recorded write does not (writes.py)
         self.instance_memory: set[int] = set()
+        self.watched: list[tuple[Tensor, int]] = []  # such tensors pending, with their versions
 
     def operand(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """``x - c`` whose number ``c`` has differed between calls: ``c`` as a source node.
@@ -239,11 +240,16 @@ class SourceMaker:
         value = func(*args, **kwargs)
         if not isinstance(value, Tensor):
             return value
+        own = func is _AS_TENSOR and _same_memory(value, args[0])
+        if own and not isinstance(args[0], Tensor):
+            value = value.clone()  # a NumPy array's memory: no version to watch, so a copy now
         meta = TensorMeta.of(tuple(value.shape), value.dtype, value.device)
         sig = self._signature(func, meta, "tensor")
         vid = rec.graph.add(sig, (), rec.instance, value)
-        if func is _AS_TENSOR and _same_memory(value, args[0]):
+        if own:
             self.instance_memory.add(vid)
+            if value is args[0]:  # read when the batch runs: unchanged till then (recorder.py)
+                self.watched.append((value, version(value)))
         if value.requires_grad:  # torch.zeros(3, requires_grad=True): stacked, it keeps its grad
             rec.graph.grad_free.discard(vid)
         if rec.trace is not None:

@@ -42,6 +42,7 @@ class Lazy:
     """
 
     __slots__ = ("_rec", "_vid", "_meta", "_view", "__weakref__")
+    is_nested = False  # never a nested tensor (nn.MultiheadAttention asks)
 
     def __init__(self, rec: Recorder, vid: int, meta: TensorMeta) -> None:
         self._rec, self._vid, self._meta = rec, vid, meta

@@ -8,6 +8,7 @@ output of an earlier op), or says why the call cannot be cached.
 
 from __future__ import annotations
 
+import collections
 import copy
 from typing import Any, TypeVar
 
@@ -107,32 +108,68 @@ class Trace:
         return Template(ops, refs, structure, fallbacks)
 
 
-_CONTAINERS = (list, dict, set)
-_MISSING = object()
+_DEPTH = 3  # how deep into containers and plain objects a module's attributes are compared
+_MOST = 10_000  # items compared of one container (beyond: its length only)
+_ATOMS = (type(None), bool, int, float, complex, str, bytes, Tensor, torch.nn.Module)
 
 
-def attribute_state(module: torch.nn.Module) -> list[tuple[Any, dict[str, Any], dict[str, int]]]:
-    """What a call could change of ``module`` and its submodules in Python: each one's
-    attributes by identity (``self.calls += 1`` binds another object), and the lengths of
-    lists, dicts and sets among them (``self.seen.append(h)``)."""
-    state = []
-    for m in module.modules():
-        values = dict(vars(m))
-        sizes = {k: len(v) for k, v in values.items() if type(v) in _CONTAINERS}
-        state.append((m, values, sizes))
-    return state
+class _Seen:
+    """One container or plain object as a call found it: the object and what it held."""
+
+    __slots__ = ("obj", "items", "size")
+
+    def __init__(self, obj: Any, items: list[tuple[Any, Any]], size: int) -> None:
+        self.obj, self.items, self.size = obj, items, size
 
 
-def changed_attribute(state: list[tuple[Any, dict[str, Any], dict[str, int]]]) -> str | None:
-    """The first attribute a call changed since :func:`attribute_state` (``None``: none).
+def _seen(value: Any, depth: int) -> Any:
+    """``value`` with what it holds (dicts, lists, deques, sets, plain objects' attributes),
+    ``depth`` levels down; the objects themselves are kept, so their ids stay theirs."""
+    if isinstance(value, _ATOMS) or depth == 0:
+        return value
+    if isinstance(value, dict):
+        items = list(value.items())
+    elif isinstance(value, (list, collections.deque)):
+        items = list(enumerate(value))
+    elif isinstance(value, (set, frozenset)):
+        return _Seen(value, [], len(value))  # membership: by the length
+    elif hasattr(value, "__dict__") and not callable(value):
+        items = list(vars(value).items())
+    else:
+        return value
+    size = len(items)
+    seen = [(k, _seen(v, depth - 1)) for k, v in items[:_MOST]]
+    return _Seen(value, seen, size)
 
-    A cached call would not run the module's Python again, so the change would happen only
-    on the calls that were traced; such modules are recorded op by op instead."""
-    for module, before, sizes in state:
-        now = vars(module)
-        for name in before.keys() | now.keys():
-            new = now.get(name, _MISSING)
-            if before.get(name, _MISSING) is not new or (name in sizes and len(new) != sizes[name]):
+
+def _changed(before: Any, now: Any, depth: int) -> bool:
+    if type(before) is not _Seen:
+        return before is not now
+    after = _seen(now, depth)
+    if type(after) is not _Seen or after.obj is not before.obj or after.size != before.size:
+        return True
+    return any(
+        k is not k2 and k != k2 or _changed(v, v2.obj if type(v2) is _Seen else v2, depth - 1)
+        for (k, v), (k2, v2) in zip(before.items, after.items, strict=True)
+    )
+
+
+def attribute_state(module: torch.nn.Module) -> list[tuple[Any, Any]]:
+    """What a call could change of ``module`` and its submodules in Python: their attributes,
+    and what lists, dicts, deques and plain objects among them hold (a few levels down)."""
+    return [(m, _seen(vars(m), _DEPTH)) for m in module.modules()]
+
+
+def changed_attribute(state: list[tuple[Any, Any]]) -> str | None:
+    """The first attribute of a module a call changed since :func:`attribute_state` (``None``:
+    none). A cached call would not run the module's Python again, so the change would happen
+    only on the calls that were traced; such modules are recorded op by op instead."""
+    for module, before in state:
+        after = _seen(vars(module), _DEPTH)
+        if after.size != before.size:
+            return f"{type(module).__name__} (an attribute added or removed)"
+        for (name, value), (_, now) in zip(before.items, after.items, strict=True):
+            if _changed(value, now.obj if type(now) is _Seen else now, _DEPTH - 1):
                 return f"{type(module).__name__}.{name}"
     return None
 

@@ -59,7 +59,8 @@ class InPlaceWrites:
         views_of.setdefault(base._vid, []).extend(refs)
         memory = self.sources.instance_memory
         if base._vid in memory:  # a view of an instance's own tensor is its memory too
-            memory.update(out._vid for out in outs)
+            # (a cast to another dtype, x.double(), is a copy)
+            memory.update(out._vid for out in outs if out._meta.dtype == base._meta.dtype)
         for ancestor in above or ():
             if (alive := ancestor()) is not None:
                 views_of.setdefault(alive._vid, []).extend(refs)
