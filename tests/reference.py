@@ -39,6 +39,17 @@ def loss_of(results: Sequence[Any]) -> torch.Tensor:
     return total
 
 
+def assert_grads_match(got: Any, want: Any, params: Sequence[torch.Tensor], tol: float) -> None:
+    """The parameter gradients of :func:`loss_of` two results agree (``None`` in both, or
+    equal within ``tol``)."""
+    got_grads = torch.autograd.grad(loss_of(got), list(params), allow_unused=True)
+    want_grads = torch.autograd.grad(loss_of(want), list(params), allow_unused=True)
+    for g, w in zip(got_grads, want_grads, strict=True):
+        assert (g is None) == (w is None)
+        if g is not None and w is not None:
+            torch.testing.assert_close(g, w, rtol=tol, atol=tol)
+
+
 @contextmanager
 def linting_graphs() -> Iterator[list[int]]:
     """Lint every graph segment just before it is scheduled; yields the sizes of those linted.

@@ -18,7 +18,7 @@ from torch import nn
 import batchfold as bf
 from batchfold.errors import UnsupportedOpError
 from batchfold.schedule import Scheduler
-from reference import flat_tensors, loss_of
+from reference import assert_grads_match, flat_tensors
 
 TOL = 3e-2  # bfloat16 keeps 8 bits of mantissa; batched sums run in another order
 
@@ -63,12 +63,7 @@ def _compare(fn: Any, model: nn.Module, scheduler: Scheduler, dtype: torch.dtype
     for g, w in zip(got, want, strict=True):
         assert g.dtype == w.dtype and g.shape == w.shape and g.requires_grad == w.requires_grad
         torch.testing.assert_close(g.float(), w.float(), rtol=TOL, atol=TOL)
-    want_grads = torch.autograd.grad(loss_of(eager), params, allow_unused=True)
-    got_grads = torch.autograd.grad(loss_of(batched), params, allow_unused=True)
-    for g, w in zip(got_grads, want_grads, strict=True):
-        assert (g is None) == (w is None)
-        if g is not None and w is not None:
-            torch.testing.assert_close(g, w, rtol=TOL, atol=TOL)
+    assert_grads_match(batched, eager, params, TOL)
 
 
 @pytest.mark.parametrize("scheduler", ["agenda", "depth"])

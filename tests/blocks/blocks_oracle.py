@@ -9,7 +9,7 @@ import torch
 
 from batchfold.blocks import Block, SequenceBatch, compile
 from batchfold.schedule import Scheduler
-from reference import loss_of
+from reference import assert_grads_match
 
 
 def per_instance(batched: Any, count: int) -> list[Any]:
@@ -62,13 +62,7 @@ def assert_block_matches(
     for g, w in zip(got, want, strict=True):
         assert_close_structures(g, w, rtol)
     if params:
-        params = list(params)
-        got_grads = torch.autograd.grad(loss_of(got), params, allow_unused=True)
-        want_grads = torch.autograd.grad(loss_of(want), params, allow_unused=True)
-        for g, w in zip(got_grads, want_grads, strict=True):
-            assert (g is None) == (w is None)
-            if g is not None and w is not None:
-                torch.testing.assert_close(g, w, rtol=rtol, atol=rtol)
+        assert_grads_match(got, want, list(params), rtol)
     if eval_too:
         for x in inputs[:2]:
             result = block.eval(x)
