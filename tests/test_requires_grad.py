@@ -121,7 +121,10 @@ def test_writes_keep_the_targets_flag(scheduler: Scheduler) -> None:
             free.copy_(h)  # into a tensor without grad: still none
         filled = a.clone().fill_(h.sum())  # a 0-d lazy value: its gradient flows
         made = torch.zeros_like(h, requires_grad=True) * 2
-        return free * h, filled, made
+        zeroed, refilled = h * 1.0, h * 1.0
+        zeroed.zero_()  # in grad mode: still requires grad, as eagerly (with zero gradient)
+        refilled.fill_(2.0)
+        return free * h, filled, made, zeroed, refilled
 
     assert_matches_eager(fn, _inputs(4), lin, scheduler)
 

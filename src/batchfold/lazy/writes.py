@@ -111,11 +111,13 @@ class InPlaceWrites:
                 )
             result = self.call(torch.Tensor.to, (result, target.dtype), {})
         # eager's target keeps its requires_grad through a write outside grad mode (none, as
-        # checked), and through zero_() or fill_() in grad mode (which record zeros_like...)
+        # checked), and through zero_() or fill_() in grad mode: those record zeros_like or
+        # full_like, which require none, so the new value is picked by a where from the target
         if not grad_on:
             free.add(result._vid)
-        elif target._vid not in free:
-            free.discard(result._vid)
+        elif target._vid not in free and result._vid in free:
+            keep = self.call(torch.ones_like, (target,), {"dtype": torch.bool})
+            result = self.call(torch.where, (keep, result, target), {})
         target._vid, target._meta = result._vid, result._meta
         return target
 
