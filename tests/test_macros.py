@@ -459,3 +459,24 @@ def test_a_submodule_switched_to_eval_alone_is_honoured() -> None:
     model[1].eval()  # the submodule only; the call's own module still trains
     for out in bf.batch_map(fn, xs):
         torch.testing.assert_close(out, model[0](torch.tensor(xs[0])))
+
+
+class Holding(nn.Module):
+    """Holds Python data its forward only reads: a long list, a dict, a plain object."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+        self.table, self.names, self.state = list(range(300)), {"a": 1.5}, _State()
+
+    def forward(self, x: Any) -> Any:
+        return self.lin(x) * self.names["a"] + self.table[299] + self.state.n
+
+
+def test_a_module_that_only_reads_its_python_data_is_cached() -> None:
+    module = Holding()
+    items = [torch.randn(2) for _ in range(6)]
+    outs, stats = bf.batch_map(lambda x: module(torch.as_tensor(x)), items, return_stats=True)
+    assert stats.module_calls_cached == 4 and not stats.module_misses
+    for out, x in zip(outs, items, strict=True):
+        torch.testing.assert_close(out, module(x))

@@ -130,27 +130,28 @@ def _seen(value: Any, depth: int) -> Any:
     if isinstance(value, dict):
         items = list(value.items())
     elif isinstance(value, (list, collections.deque)):
-        items = list(enumerate(value))
+        items = [(None, v) for v in value]  # by position
     elif isinstance(value, (set, frozenset)):
         return _Seen(value, [], len(value))  # membership: by the length
     elif hasattr(value, "__dict__") and not callable(value):
         items = list(vars(value).items())
     else:
         return value
-    size = len(items)
     seen = [(k, _seen(v, depth - 1)) for k, v in items[:_MOST]]
-    return _Seen(value, seen, size)
+    return _Seen(value, seen, len(items))
 
 
-def _changed(before: Any, now: Any, depth: int) -> bool:
-    if type(before) is not _Seen:
-        return before is not now
-    after = _seen(now, depth)
-    if type(after) is not _Seen or after.obj is not before.obj or after.size != before.size:
-        return True
-    return any(
-        k is not k2 and k != k2 or _changed(v, v2.obj if type(v2) is _Seen else v2, depth - 1)
-        for (k, v), (k2, v2) in zip(before.items, after.items, strict=True)
+def _same(before: Any, after: Any) -> bool:
+    """Whether two :func:`_seen` of one place found the same objects holding the same."""
+    if type(before) is not _Seen or type(after) is not _Seen:
+        return before is after
+    return (
+        before.obj is after.obj
+        and before.size == after.size
+        and all(
+            (k is k2 or type(k) in (str, int) and k == k2) and _same(v, v2)
+            for (k, v), (k2, v2) in zip(before.items, after.items, strict=True)
+        )
     )
 
 
@@ -169,7 +170,7 @@ def changed_attribute(state: list[tuple[Any, Any]]) -> str | None:
         if after.size != before.size:
             return f"{type(module).__name__} (an attribute added or removed)"
         for (name, value), (_, now) in zip(before.items, after.items, strict=True):
-            if _changed(value, now.obj if type(now) is _Seen else now, _DEPTH - 1):
+            if not _same(value, now):
                 return f"{type(module).__name__}.{name}"
     return None
 
