@@ -4,6 +4,7 @@ position), ``reshape`` and its kin, ``expand`` and ``transpose``/``permute``.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -23,22 +24,76 @@ def shift_dim(dim: Any, rank: int) -> Any:
 
 
 def packed_rows(
-    sig: Signature, index: Tensor, owner: Tensor, rows: np.ndarray, allow_negative: bool
+    sig: Signature, index: Tensor, counts: np.ndarray, rows: np.ndarray, allow_negative: bool
 ) -> Tensor:
-    """Per-instance row indices (``index[k]`` a row of instance ``owner[k]``, which has
-    ``rows[owner[k]]`` rows) as indices into all instances' rows one after the other; an
-    index out of range is eager's ``IndexError``, naming the op's line."""
-    count = torch.from_numpy(rows).to(index.device).index_select(0, owner)
-    low = -count if allow_negative else torch.zeros_like(count)
-    bad = (index < low) | (index >= count)
+    """Per-instance row indices as indices into all instances' rows one after the other.
+
+    ``index`` holds ``counts[i]`` entries of instance ``i``, each a row of that instance,
+    which has ``rows[i]`` rows; an index out of range is eager's ``IndexError``, naming the
+    op's line. One step often reads the same index several times (a molecule's pair atoms
+    feed a gather and a scatter in every layer): the last few results are kept, each with
+    its index (as long as it is unchanged) and the two arrays it was computed for.
+    """
+    memo = _ROWS_MEMO.__dict__.setdefault("entries", [])
+    try:
+        version = index._version
+    except RuntimeError:  # an inference tensor, never changed in place
+        version = -1
+    for entry in memo:
+        if (
+            entry[0] is index
+            and entry[1] == version
+            and entry[2] is counts
+            and entry[3] is rows
+            and entry[4] == allow_negative
+        ):
+            return entry[5]
+    if index.device.type == "cpu":
+        out = torch.from_numpy(_cpu_rows(sig, index.numpy(), counts, rows, allow_negative))
+    else:
+        out = _device_rows(sig, index, counts, rows, allow_negative)
+    memo.insert(0, (index, version, counts, rows, allow_negative, out))
+    del memo[_ROWS_KEPT:]
+    return out
+
+
+_ROWS_MEMO = threading.local()
+_ROWS_KEPT = 4
+
+
+def _cpu_rows(
+    sig: Signature, index: np.ndarray, counts: np.ndarray, rows: np.ndarray, allow_negative: bool
+) -> np.ndarray:
+    owner = np.repeat(np.arange(len(counts)), counts)
+    count, given = rows[owner], index
+    if allow_negative:
+        index = np.where(index < 0, index + count, index)
+    if index.size and (index.min() < 0 or (index >= count).any()):
+        _out_of_range(sig, (index < 0) | (index >= count), given, count)
+    return index + (np.cumsum(rows) - rows)[owner]
+
+
+def _device_rows(
+    sig: Signature, index: Tensor, counts: np.ndarray, rows: np.ndarray, allow_negative: bool
+) -> Tensor:
+    owner = torch.from_numpy(np.repeat(np.arange(len(counts)), counts)).to(index.device)
+    table = np.stack([rows, np.cumsum(rows) - rows], axis=1)
+    count, start = torch.from_numpy(table).to(index.device).index_select(0, owner).unbind(1)
+    given = index
+    if allow_negative:
+        index = torch.where(index < 0, index + count, index)
+    bad = (index < 0) | (index >= count)
     if len(index) and bool(bad.any()):
-        k = int(bad.nonzero()[0, 0])
-        raise IndexError(
-            f"{sig.name} at {sig.site}: index {int(index[k])} is out of range for an instance "
-            f"with {int(count[k])} rows (as eager PyTorch refuses it)"
-        )
-    start = torch.from_numpy(np.cumsum(rows) - rows).to(index.device).index_select(0, owner)
-    return torch.where(index < 0, index + count, index) + start
+        _out_of_range(sig, bad.cpu().numpy(), given.cpu().numpy(), count.cpu().numpy())
+    return index + start
+
+
+def _out_of_range(sig: Signature, bad: np.ndarray, index: np.ndarray, count: np.ndarray) -> None:
+    k = int(np.flatnonzero(bad)[0])
+    raise IndexError(
+        f"{sig.name} at {sig.site}: index {int(index[k])} is out of range for an instance "
+        f"with {int(count[k])} rows (as eager PyTorch refuses it)"
+    )
 
 
 def _plain_index(
@@ -63,9 +118,10 @@ def batched_getitem(sig: Signature, inputs: list[Tensor], n: int) -> Any:
         rows = inputs[x.index]
         size = rows.shape[1]
         flat = rows.reshape(n * size, *rows.shape[2:])  # row at[k] of each x[k], in one call
-        owner = torch.arange(n, device=rows.device)
         at = inputs[index.index].to(rows.device)  # eager takes a CPU index
-        return flat.index_select(0, packed_rows(sig, at, owner, np.full(n, size), True))
+        return flat.index_select(
+            0, packed_rows(sig, at, np.ones(n, np.int64), np.full(n, size), True)
+        )
     return inputs[0][(slice(None),) + (index if isinstance(index, tuple) else (index,))]
 
 

@@ -54,8 +54,11 @@ def run_family(
     if kind == "rows":  # no segment ids needed: the op as it is on the packed rows
         out = call_one(sig, inputs)
         return tuple(out) if sig.multi else (out,)
-    segment = torch.from_numpy(np.repeat(np.arange(n, dtype=np.int64), lengths))
-    segment = segment.to(inputs[0].device)
+    if kind not in _OWN_INDEX:  # each packed row's node
+        segment = torch.from_numpy(np.repeat(np.arange(n, dtype=np.int64), lengths))
+        segment = segment.to(inputs[0].device)
+    else:
+        segment = torch.empty(0, dtype=torch.int64)  # the indexing kinds make their own
     if kind == "elementwise":
         rank = max(len(m.shape) for m in sig.in_metas)
         args = list(inputs)
@@ -87,8 +90,7 @@ def run_family(
     elif kind == "index_rows":
         assert sizes is not None
         rows, index = inputs
-        index = packed_rows(sig, index, segment, sizes[0], allow_negative=True)
-        out = rows.index_select(0, index)
+        out = rows.index_select(0, packed_rows(sig, index, lengths, sizes[0], True))
     elif kind == "slice_rows":
         assert sizes is not None
         rows = sizes[0]
@@ -104,19 +106,22 @@ def run_family(
         out = torch.cat(inputs).index_select(0, torch.from_numpy(index).to(inputs[0].device))
     elif kind == "pick_at" or kind == "pick":  # x[-1] of every node; x[i] with i per node
         rows = inputs[0]
-        owner = torch.arange(n, device=rows.device)
         at = torch.full((n,), sig.template[0][1]) if kind == "pick_at" else inputs[1]
-        out = rows.index_select(0, packed_rows(sig, at.to(rows.device), owner, lengths, True))
+        ones = np.ones(n, dtype=np.int64)
+        out = rows.index_select(0, packed_rows(sig, at.to(rows.device), ones, lengths, True))
     elif kind == "index_add":
         assert sizes is not None
         target, index, source = inputs
-        owner = np.repeat(np.arange(n, dtype=np.int64), sizes[1])
-        owner_t = torch.from_numpy(owner).to(index.device)
-        index = packed_rows(sig, index, owner_t, lengths, allow_negative=False)
-        out = target.index_add(0, index, source)
+        out = target.index_add(0, packed_rows(sig, index, sizes[1], lengths, False), source)
     else:
         out = _segment_reduce(kind, inputs[0], segment, lengths)
     return tuple(out) if sig.multi else (out,)
+
+
+_OWN_INDEX = frozenset(
+    ("index_rows", "slice_rows", "cat_rows", "pick_at", "pick", "index_add", "blockdiag", "rnn")
+)
+"""The kinds that index their rows themselves: :func:`run_family` makes them no segment ids."""
 
 
 def _slice_start(s: slice, rows: np.ndarray) -> np.ndarray:

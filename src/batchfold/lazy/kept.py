@@ -229,8 +229,11 @@ def kept(key: Any, module: nn.Module) -> Any:
     ``None``."""
     entries = _KEPT.get(module)
     found = None if entries is None else entries.get(key)
-    if found is None or not unchanged(found[0], module):
+    if found is None:
         return None
+    with torch._C.DisableTorchFunction():  # the state is read with getters: not recorded
+        if not unchanged(found[0], module):
+            return None
     return found[1]
 
 

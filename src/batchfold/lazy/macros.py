@@ -404,15 +404,15 @@ def install() -> None:
     to the recorder (see :mod:`.dispatch`); counted, for nested ``batch_map`` calls."""
     with _LOCK:
         _INSTALLED[0] += 1
-        nn.Module.__call__ = _module_call  # type: ignore[method-assign]
+        nn.Module._call_impl = _module_call  # type: ignore[method-assign]
         dispatch.patch(True)
 
 
 def uninstall() -> None:
-    """Undo one :func:`install`; the last one restores ``nn.Module.__call__`` and PyTorch's
+    """Undo one :func:`install`; the last one restores ``nn.Module._call_impl`` and PyTorch's
     ``handle_torch_function``."""
     with _LOCK:
         _INSTALLED[0] -= 1
         if _INSTALLED[0] == 0:
-            nn.Module.__call__ = ORIGINAL_CALL  # type: ignore[method-assign]
+            nn.Module._call_impl = ORIGINAL_CALL  # type: ignore[method-assign]
             dispatch.patch(False)

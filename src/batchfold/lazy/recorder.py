@@ -307,11 +307,11 @@ class Recorder(InPlaceWrites, SignatureMaker, TorchFunctionMode):
         """Schedule and run every pending node (at the end, or when a value is read)."""
         if not self.graph.pending:
             return
-        self._check_shared_versions()
         # gathers, splits and sources run with grad on (each op itself runs in the mode it
         # was recorded in), so values made under enable_grad inside an outer no_grad keep
         # their history, as in eager PyTorch; tensors that need no grad record none
         with torch._C.DisableTorchFunction(), torch.enable_grad():
+            self._check_shared_versions()  # with the mode off: a tensor's version is a getter
             start = time.perf_counter()
             plan = schedule(
                 self.graph, self.scheduler, len(self.store.outputs), self.store.locations
@@ -388,9 +388,11 @@ class Recorder(InPlaceWrites, SignatureMaker, TorchFunctionMode):
         map_lazies(lambda x: vids.append(x._vid), result)
         if not vids:
             return result
-        with torch.enable_grad():  # as in flush: a value keeps the history it was made with
-            tensors = self.store.values(vids)
         free = self.graph.grad_free  # values eager gives requires_grad=False: so do these
-        pairs = zip(vids, tensors, strict=True)
-        values = iter([t.detach() if t.requires_grad and v in free else t for v, t in pairs])
+        # as in flush: a value keeps the history it was made with; the mode is off for the
+        # getters (t.requires_grad)
+        with torch._C.DisableTorchFunction(), torch.enable_grad():
+            tensors = self.store.values(vids)
+            pairs = zip(vids, tensors, strict=True)
+            values = iter([t.detach() if t.requires_grad and v in free else t for v, t in pairs])
         return map_lazies(lambda _: next(values), result)  # the same walk, in the same order

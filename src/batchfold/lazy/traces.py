@@ -207,7 +207,8 @@ class Template:
     def shared_now(self) -> tuple[tuple[Tensor, int], ...]:
         """The tensors from outside that the ops read, each with its version as of now (a
         template kept from an earlier ``batch_map`` saw older ones)."""
-        return tuple((t, version(t)) for op, _, _ in self.ops for t, _ in op.shared)
+        with torch._C.DisableTorchFunction():  # a version is a getter: not for the recorder
+            return tuple((t, version(t)) for op, _, _ in self.ops for t, _ in op.shared)
 
     def same_as(self, other: Template) -> bool:
         """Whether two traces of one key recorded the same ops, reading the same values."""
