@@ -30,7 +30,7 @@ out).
 
 Each batch size (64 and 256) and mode (training: forward, loss, backward and an SGD step;
 inference: forward and loss under ``no_grad``) runs passes over the same molecules, every
-batch once per pass: one untimed warm-up round, then timed rounds (3; 2 with ``--quick``).
+batch once per pass: one untimed warm-up round, then timed rounds (3; 2 with ``--quick``; ``--rounds N``).
 In each round every system, the peers included, runs one pass, in an order that rotates from
 round to round: the peers' scripts stay loaded and wait for their turn
 (``weave_peers.start_peers``), so a slow minute of this shared machine weighs on every system
@@ -228,7 +228,11 @@ def batchfold_pass(
 
 
 def run(
-    quick: bool, threads: int, peers: bool, sizes: Sequence[int] = (64, 256)
+    quick: bool,
+    threads: int,
+    peers: bool,
+    sizes: Sequence[int] = (64, 256),
+    rounds: int | None = None,
 ) -> dict[str, Any] | None:
     """Check, then measure every configuration; the JSON-ready results (None without ESOL).
 
@@ -237,6 +241,7 @@ def run(
         threads: torch intra-op threads (the peer gets as many).
         peers: run the peers (dgllife, pyg) too.
         sizes: the batch sizes.
+        rounds: timed rounds, for a longer run on a noisy machine (default: 2 or 3, as above).
     """
     torch.set_num_threads(threads)
     try:
@@ -249,7 +254,7 @@ def run(
     per_pass = 256 if quick else 512
     if any(per_pass % size for size in sizes) or per_pass > len(molecules):
         raise ValueError(f"every batch size must divide {per_pass} molecules per pass")
-    passes = (1, 2 if quick else 3)
+    passes = (1, rounds or (2 if quick else 3))
     notes = [f"{len(molecules)} ESOL molecules, the first {per_pass} of a fixed shuffle timed"]
 
     torch.manual_seed(0)
@@ -413,9 +418,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--no-peers", action="store_true", help="leave the peers (dgllife, pyg) out"
     )
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--rounds", type=int, help="timed rounds (default: 3; 2 with --quick)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for JSON and markdown")
     args = parser.parse_args(argv)
-    results = run(args.quick, args.threads, not args.no_peers, args.batch_sizes)
+    if args.rounds is not None and args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
+    results = run(args.quick, args.threads, not args.no_peers, args.batch_sizes, args.rounds)
     if results is not None:
         stem = "weave-quick" if args.quick else "weave"
         write_results(args.out, stem, results, summary(results))

@@ -126,7 +126,7 @@ def test_graph_sees_the_package() -> None:
     assert "batchfold.blocks.base" in graph
     # Relative, absolute and function-level imports are all seen.
     assert "batchfold.graph" in graph["batchfold.grouping"]
-    assert "batchfold.lazy.macros" in graph["batchfold.lazy.api"]
+    assert "batchfold.lazy.hooks" in graph["batchfold.lazy.api"]
 
 
 def test_no_import_cycle() -> None:

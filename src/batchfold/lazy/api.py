@@ -17,7 +17,7 @@ import torch
 from ..profile import Profile
 from ..schedule import Scheduler, check_scheduler, gc_paused
 from ..stats import Stats
-from . import macros
+from . import hooks
 from .context import active_recorder, active_stack
 from .recorder import Recorder
 
@@ -127,7 +127,7 @@ def batch_map(
     start = time.perf_counter()
     active = active_stack()
     active.append(rec)
-    macros.install()
+    hooks.install()
     try:
         with gc_paused():
             try:
@@ -140,7 +140,7 @@ def batch_map(
             finally:
                 rec.release()  # before the collector is back on: see Recorder.release
     finally:
-        macros.uninstall()
+        hooks.uninstall()
         active.remove(rec)
     _LAST_STATS[:] = [stats]
     return (outputs, stats) if return_stats else outputs

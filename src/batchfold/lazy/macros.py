@@ -14,18 +14,14 @@ dims, with ragged batching on) is keyed without their length: see :mod:`.ragged_
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
-from torch.nn.modules import module as _TORCH_MODULE
 
 from ..graph import OUT_BITS, Signature, TensorMeta
 from ..ops import OpRule
-from . import dispatch
-from .context import THREAD
 from .inference import template
 from .kept import keep, kept
 from .lengths import Guard
@@ -33,18 +29,15 @@ from .ragged_keys import BY_SHAPE, by_shape, ragged_hit, ragged_key
 from .ragged_macros import ORIGINAL_CALL, RaggedMacro, RaggedTemplate, call_ragged
 from .semantics import grad_mode, own_hooks
 from .sites import user_site
-from .tensor import Lazy, build, has_lazy
+from .tensor import Lazy, build
 from .traces import Template, Trace, attribute_state, changed_attribute
 
 if TYPE_CHECKING:
     from .recorder import Recorder
 
 Tensor = torch.Tensor
-_INSTALLED = [0]
-_LOCK = threading.Lock()
 _OFF = "_batchfold_no_cache"
 MISSED = object()  # ModuleCache.hit found no confirmed entry
-_IDENTITY = nn.Identity
 _grad_enabled = torch.is_grad_enabled
 _inference_mode = torch.is_inference_mode_enabled
 
@@ -371,48 +364,3 @@ def _any_sequence(items: Any) -> bool:
         if found:
             return True
     return False
-
-
-# the hooks registered for every module (``register_module_forward_hook``): dicts PyTorch
-# changes in place and never replaces, read on every call
-_GLOBAL_HOOKS = (
-    _TORCH_MODULE._global_forward_hooks,
-    _TORCH_MODULE._global_forward_pre_hooks,
-    _TORCH_MODULE._global_backward_hooks,
-    _TORCH_MODULE._global_backward_pre_hooks,
-)
-
-
-def _module_call(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    active = getattr(THREAD, "active", None)  # active_recorder(), inline
-    rec = active[-1] if active else None
-    if rec is None or rec.modules is None or rec.trace is not None or any(_GLOBAL_HOOKS):
-        return ORIGINAL_CALL(module, *args, **kwargs)  # global hooks run on every call: op by op
-    if args and not kwargs:
-        if type(module) is _IDENTITY and len(args) == 1 and not own_hooks(module):
-            return args[0]  # nn.Identity(x), the usual stand-in for dropout 0: as it returns
-        found = rec.modules.hit(module, args)
-        if found is not MISSED:
-            return found
-    if not has_lazy(args, kwargs):
-        return ORIGINAL_CALL(module, *args, **kwargs)
-    return rec.modules.call(module, args, kwargs)
-
-
-def install() -> None:
-    """Route ``nn.Module`` calls through the cache, and PyTorch's Python-level functions straight
-    to the recorder (see :mod:`.dispatch`); counted, for nested ``batch_map`` calls."""
-    with _LOCK:
-        _INSTALLED[0] += 1
-        nn.Module._call_impl = _module_call  # type: ignore[method-assign]
-        dispatch.patch(True)
-
-
-def uninstall() -> None:
-    """Undo one :func:`install`; the last one restores ``nn.Module._call_impl`` and PyTorch's
-    ``handle_torch_function``."""
-    with _LOCK:
-        _INSTALLED[0] -= 1
-        if _INSTALLED[0] == 0:
-            nn.Module._call_impl = ORIGINAL_CALL  # type: ignore[method-assign]
-            dispatch.patch(False)
