@@ -480,3 +480,17 @@ def test_a_module_that_only_reads_its_python_data_is_cached() -> None:
     assert stats.module_calls_cached == 4 and not stats.module_misses
     for out, x in zip(outs, items, strict=True):
         torch.testing.assert_close(out, module(x))
+
+
+# dynamo reads .grad of the tensors it traces; its warning is PyTorch's business, not this test's
+@pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf")
+def test_compiled_modules_and_functions_record_their_eager_code() -> None:
+    from torch._dynamo import eval_frame
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 5), nn.Tanh()).double()
+    model.compile(backend="eager")  # dynamo in front, no code generation behind it
+    scale = torch.compile(lambda h: torch.relu(h) * 2, backend="eager")
+    xs = [torch.randn(4, dtype=torch.float64) for _ in range(5)]
+    assert_matches_eager(lambda x: scale(model(torch.as_tensor(x))), xs, model)
+    assert eval_frame._stance.stance == "default"  # compiled code compiles again after it

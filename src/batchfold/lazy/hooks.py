@@ -9,13 +9,21 @@ The cache takes the place of ``nn.Module._call_impl``, which ``nn.Module.__call_
 rather than of ``__call__``: a change of ``__call__`` updates the call slot of every
 ``nn.Module`` subclass, about 0.4 ms each way on each ``batch_map`` call, and leaves slower
 attribute lookups behind it.
+
+Once ``torch.compile`` is in use in the process (``torch._dynamo`` imported), the hooks also
+set ``torch.compiler.set_stance("force_eager")`` while they are in place: a compiled module
+or function called inside ``batch_map``'s function then runs its own Python code, which
+records as any other, where its compiled form would meet lazy tensors it cannot trace (the
+stance is the process's, so compiled code in other threads runs eagerly meanwhile too).
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any
 
+import torch
 from torch import nn
 from torch.nn.modules import module as _TORCH_MODULE
 
@@ -31,6 +39,7 @@ __all__ = ["install", "uninstall"]
 _INSTALLED = [0]
 _LOCK = threading.Lock()
 _IDENTITY = nn.Identity
+_STANCE: list[Any] = []  # the eager stance set by the first install, undone by the last
 
 # the hooks registered for every module (``register_module_forward_hook``): dicts PyTorch
 # changes in place and never replaces, read on every call
@@ -60,11 +69,16 @@ def _module_call(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
 
 def install() -> None:
     """Route ``nn.Module`` calls through the cache, and PyTorch's Python-level functions straight
-    to the recorder (see :mod:`.dispatch`); counted, for nested ``batch_map`` calls."""
+    to the recorder (see :mod:`.dispatch`), compiled code to its eager form (see above);
+    counted, for nested ``batch_map`` calls."""
     with _LOCK:
         _INSTALLED[0] += 1
         nn.Module._call_impl = _module_call  # type: ignore[method-assign]
         dispatch.patch(True)
+        # (set_stance refuses inside a compiled region)
+        dynamo = "torch._dynamo" in sys.modules and not torch.compiler.is_compiling()
+        if _INSTALLED[0] == 1 and dynamo:
+            _STANCE.append(torch.compiler.set_stance("force_eager"))
 
 
 def uninstall() -> None:
@@ -75,3 +89,5 @@ def uninstall() -> None:
         if _INSTALLED[0] == 0:
             nn.Module._call_impl = ORIGINAL_CALL  # type: ignore[method-assign]
             dispatch.patch(False)
+            if _STANCE:
+                _STANCE.pop().__exit__(None, None, None)  # the stance before install
