@@ -13,6 +13,7 @@ from torch import nn
 
 import batchfold as bf
 from batchfold.lazy.kept import forget
+from batchfold.lazy.ragged_macros import ORIGINAL_CALL
 from reference import assert_matches_eager, flat_tensors
 
 SCHEDULERS = ["agenda", "depth"]
@@ -494,3 +495,24 @@ def test_compiled_modules_and_functions_record_their_eager_code() -> None:
     xs = [torch.randn(4, dtype=torch.float64) for _ in range(5)]
     assert_matches_eager(lambda x: scale(model(torch.as_tensor(x))), xs, model)
     assert eval_frame._stance.stance == "default"  # compiled code compiles again after it
+
+
+def test_batch_map_called_from_compiled_code_runs_and_puts_pytorch_back() -> None:
+    from torch._dynamo import eval_frame
+
+    from batchfold.lazy import dispatch, hooks
+
+    torch.manual_seed(0)
+    lin = nn.Linear(3, 2).double()
+    xs = [torch.randn(3, dtype=torch.float64) for _ in range(3)]
+
+    @torch.compile(backend="eager")
+    def step(batch: list[torch.Tensor]) -> list[Any]:
+        return bf.batch_map(lambda x: torch.tanh(lin(torch.as_tensor(x))).sum(), batch)
+
+    got = step(xs)
+    want = [torch.tanh(lin(x)).sum() for x in xs]
+    assert all(torch.allclose(g, w, rtol=1e-12) for g, w in zip(got, want, strict=True))
+    assert all(g.requires_grad for g in got)
+    assert hooks._INSTALLED[0] == 0 and nn.Module._call_impl is ORIGINAL_CALL
+    assert torch.tensor is dispatch.ORIGINAL_TENSOR and eval_frame._stance.stance == "default"

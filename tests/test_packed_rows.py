@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 import torch
 
+import batchfold as bf
 from batchfold.graph import Signature
-from batchfold.ops_views import packed_rows
+from batchfold.ops_views import _ROWS_MEMO, packed_rows
 
 SIG = cast(Signature, SimpleNamespace(name="index_select", site="here.py:1"))  # all it reads
 
@@ -75,3 +76,17 @@ def test_an_index_out_of_its_instances_range_is_eagers_index_error(
     message = rf"index_select at here.py:1: index {bad} is out of range for an instance with"
     with pytest.raises(IndexError, match=message):
         packed_rows(SIG, index, counts, rows, allow_negative)
+
+
+def test_inference_tensors_are_never_reused_and_a_run_forgets_what_it_kept() -> None:
+    counts, rows = np.array([2, 2]), np.array([2, 3])
+    with torch.inference_mode():
+        index = torch.tensor([0, 1, 1, 0])
+        first = packed_rows(SIG, index, counts, rows, False)
+        index[3] = 2  # no version counter to see this by
+        assert packed_rows(SIG, index, counts, rows, False).tolist() == [0, 1, 3, 4]
+    assert first.tolist() == [0, 1, 3, 2]
+    kept = torch.tensor([0, 1, 1, 0])
+    packed_rows(SIG, kept, counts, rows, False)
+    bf.batch_map(lambda x: torch.as_tensor(x) * 2, [torch.ones(2)])  # a plan runs, then forgets
+    assert _ROWS_MEMO.__dict__.get("entries") is None

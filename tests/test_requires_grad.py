@@ -204,3 +204,11 @@ def test_a_write_outside_grad_mode_into_a_tensor_without_grad_records(
         return lin(a)
 
     assert_matches_eager(fn, _inputs(4), lin, scheduler)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated")
+def test_a_torchscript_module_passes_its_weights_gradients_on() -> None:
+    torch.manual_seed(0)
+    script = torch.jit.script(torch.nn.Linear(4, 2).double())
+    xs = [torch.randn(4, dtype=torch.float64) for _ in range(3)]
+    assert_matches_eager(lambda x: torch.tanh(script(torch.as_tensor(x))), xs, script)

@@ -19,6 +19,7 @@ import torch
 from .errors import BatchingRuleError, ShapeError
 from .graph import OUT_BITS, OUT_MASK, Signature
 from .ops import LOOP, VMAP
+from .ops_views import forget_rows
 from .profile import Profile, StepClock, mark
 from .ragged import expand_rows, run_family
 from .schedule import UNBOUND, Fanout, Gather, Plan, Step
@@ -139,6 +140,14 @@ class Executor:
 
     def run(self, plan: Plan) -> None:
         """Run every step of ``plan`` and record where the segment's nodes landed."""
+        try:
+            self._run_steps(plan)
+        finally:
+            forget_rows()  # the packed indices of this plan's steps: not kept past it
+        self.node_step = np.concatenate([self.node_step, plan.node_step])
+        self.node_row = np.concatenate([self.node_row, plan.node_row])
+
+    def _run_steps(self, plan: Plan) -> None:
         for step in plan.steps:
             if step.sig.id == UNBOUND:
                 raise ValueError(
@@ -162,8 +171,6 @@ class Executor:
                 if fanout.rows is not None:
                     out = out.index_select(0, torch.from_numpy(fanout.rows).to(out.device))
                 self.chunks[key] = out.split(fanout.sizes)
-        self.node_step = np.concatenate([self.node_step, plan.node_step])
-        self.node_row = np.concatenate([self.node_row, plan.node_row])
 
     def _fan_out_packed(
         self, key: tuple[int, int], out: Tensor, offsets: np.ndarray, fanout: Fanout

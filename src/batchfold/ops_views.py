@@ -37,7 +37,8 @@ def packed_rows(
     memo = _ROWS_MEMO.__dict__.setdefault("entries", [])
     try:
         version = index._version
-    except RuntimeError:  # an inference tensor, never changed in place
+    except RuntimeError:  # an inference tensor has no version to tell a change by: not kept
+        memo = []
         version = -1
     for entry in memo:
         if (
@@ -59,6 +60,12 @@ def packed_rows(
 
 _ROWS_MEMO = threading.local()
 _ROWS_KEPT = 4
+
+
+def forget_rows() -> None:
+    """Drop the kept results of :func:`packed_rows` (and the indices they hold) in this
+    thread: the executor calls it when a plan has run."""
+    _ROWS_MEMO.__dict__.pop("entries", None)
 
 
 def _cpu_rows(

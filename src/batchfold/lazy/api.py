@@ -8,6 +8,7 @@ replaces lazy results by real tensors. The recorder active in a thread is found 
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, Literal, overload
@@ -109,6 +110,18 @@ def batch_map(
         >>> stats.nodes, stats.steps
         (6, 3)
     """
+    if "torch._dynamo" in sys.modules and torch.compiler.is_compiling():
+        # called from code torch.compile traces: run as a call it does not trace
+        eager: Any = torch.compiler.disable(batch_map, recursive=True)
+        return eager(
+            fn,
+            instances,
+            scheduler=scheduler,
+            return_stats=return_stats,
+            cache_modules=cache_modules,
+            profile=profile,
+            ragged=ragged,
+        )
     check_scheduler(scheduler)
     outer = active_recorder()
     if outer is not None and outer.driver.in_instance:
@@ -126,8 +139,8 @@ def batch_map(
         rec.store.profile = Profile()
     start = time.perf_counter()
     active = active_stack()
-    active.append(rec)
     hooks.install()
+    active.append(rec)
     try:
         with gc_paused():
             try:
@@ -140,8 +153,8 @@ def batch_map(
             finally:
                 rec.release()  # before the collector is back on: see Recorder.release
     finally:
-        hooks.uninstall()
         active.remove(rec)
+        hooks.uninstall()
     _LAST_STATS[:] = [stats]
     return (outputs, stats) if return_stats else outputs
 

@@ -14,11 +14,15 @@ Once ``torch.compile`` is in use in the process (``torch._dynamo`` imported), th
 set ``torch.compiler.set_stance("force_eager")`` while they are in place: a compiled module
 or function called inside ``batch_map``'s function then runs its own Python code, which
 records as any other, where its compiled form would meet lazy tensors it cannot trace (the
-stance is the process's, so compiled code in other threads runs eagerly meanwhile too).
+stance is the process's, so compiled code in other threads runs eagerly meanwhile too, and a
+stance the function sets lasts only until ``batch_map`` returns). Called from code that
+``torch.compile`` traces, ``batch_map`` runs as a call it does not trace (see :mod:`.api`),
+and the stance stays as it is.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 from typing import Any
@@ -72,13 +76,13 @@ def install() -> None:
     to the recorder (see :mod:`.dispatch`), compiled code to its eager form (see above);
     counted, for nested ``batch_map`` calls."""
     with _LOCK:
-        _INSTALLED[0] += 1
+        if _INSTALLED[0] == 0 and "torch._dynamo" in sys.modules:
+            # called from compiled code, set_stance refuses: the stance stays as it is
+            with contextlib.suppress(RuntimeError):
+                _STANCE.append(torch.compiler.set_stance("force_eager"))
+        _INSTALLED[0] += 1  # nothing below raises: what was done is undone by uninstall
         nn.Module._call_impl = _module_call  # type: ignore[method-assign]
         dispatch.patch(True)
-        # (set_stance refuses inside a compiled region)
-        dynamo = "torch._dynamo" in sys.modules and not torch.compiler.is_compiling()
-        if _INSTALLED[0] == 1 and dynamo:
-            _STANCE.append(torch.compiler.set_stance("force_eager"))
 
 
 def uninstall() -> None:

@@ -193,19 +193,23 @@ _FRESH = frozenset(
 )
 
 
+_SCRIPT_METHOD = torch._C.ScriptMethod
+
+
 def grad_rule(func: Any, mode: int, shared: Any, requires_grad: bool = False) -> int:
     """When a recorded call's outputs require grad in eager PyTorch (a ``Signature.grad_rule``).
 
     ``mode`` is the grad mode of the call (:func:`grad_mode`), ``shared`` the tensors from
     outside among its arguments (with their versions), ``requires_grad`` its keyword of that
     name. In grad mode an output requires grad when an input does; one read from outside
-    decides it for every node. Outside grad mode a call known to make a new tensor gives one
+    decides it for every node; so does a TorchScript module's method, which reads the module's
+    weights without passing them. Outside grad mode a call known to make a new tensor gives one
     that requires none; any other may hand back its input (``h.cpu()``) and keeps its flag.
     """
     name = base_name(func)
     if name in _NO_GRADIENT and not requires_grad:
         return NO_GRAD
-    if mode == 1 and any(t.requires_grad for t, _ in shared):
+    if mode == 1 and (type(func) is _SCRIPT_METHOD or any(t.requires_grad for t, _ in shared)):
         return NEEDS_GRAD
     return NO_GRAD if mode != 1 and name in _FRESH else INHERITS_GRAD
 
