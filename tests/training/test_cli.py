@@ -53,7 +53,7 @@ def test_train_options_parse_with_task_defaults() -> None:
         300,
         2.0,
     )
-    assert (args.dropout, args.recurrent_dropout) == (0.5, None)  # None: 0.25 for a Tree-LSTM
+    assert (args.dropout, args.recurrent_dropout) == (0.5, None)  # None: 0.1 for a Tree-LSTM
 
 
 def test_bad_option_value_is_rejected() -> None:

@@ -282,7 +282,7 @@ def test_glove_words_go_into_the_run_config(tiny_sst: TinySST, tmp_path: Path) -
 
 
 def test_recurrent_dropout_default_depends_on_the_cell(tiny_sst: TinySST) -> None:
-    assert tiny_task(tiny_sst).args.recurrent_dropout == 0.25
+    assert tiny_task(tiny_sst).args.recurrent_dropout == 0.1
     treernn = tiny_task(tiny_sst, "--cell", "treernn")
     assert treernn.args.recurrent_dropout == 0.0
     assert isinstance(treernn.build_model(), TreeRNNClassifier)
