@@ -113,3 +113,25 @@ def test_a_slice_outside_grad_mode_keeps_eagers_requires_grad() -> None:
     assert [g.requires_grad for g in got] == [e.requires_grad for e in want]
     for g, e in zip(got, want, strict=True):
         torch.testing.assert_close(g, e)
+
+
+HALF_OPS: dict[str, Op] = {
+    "sum over the rows": lambda h: h.sum(0),
+    "mean over the rows": lambda h: h.mean(0),
+    "sum of everything": lambda h: h.sum(),
+    "mean of everything": lambda h: h.mean(),
+    "logsumexp over the rows": lambda h: torch.logsumexp(h, 0),
+    "softmax over the rows": lambda h: torch.softmax(h, 0),
+    "log_softmax over the rows": lambda h: torch.log_softmax(h, 0),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("name", list(HALF_OPS))
+def test_half_precision_reductions_over_rows_round_as_eager(name: str, dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    op = HALF_OPS[name]
+    xs = [torch.randn(n, 8).to(dtype) for n in (1, 3, 7, 50, 333, 1000)]
+    got = bf.batch_map(lambda x: op(torch.as_tensor(x) * 1), xs)
+    for g, x in zip(got, xs, strict=True):
+        assert torch.equal(g, op(x * 1)), name  # bit for bit: no tolerance

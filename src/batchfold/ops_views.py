@@ -49,10 +49,10 @@ def packed_rows(
             and entry[4] == allow_negative
         ):
             return entry[5]
-    if index.device.type == "cpu":
-        out = torch.from_numpy(_cpu_rows(sig, index.numpy(), counts, rows, allow_negative))
-    else:
-        out = _device_rows(sig, index, counts, rows, allow_negative)
+    # in NumPy, on a GPU's index too: its bounds check waits for the values anyway, and ten
+    # small ops each way cost more than the two copies
+    found = _rows(sig, index.cpu().numpy(), counts, rows, allow_negative)
+    out = torch.from_numpy(found).to(index.device)
     memo.insert(0, (index, version, counts, rows, allow_negative, out))
     del memo[_ROWS_KEPT:]
     return out
@@ -68,7 +68,7 @@ def forget_rows() -> None:
     _ROWS_MEMO.__dict__.pop("entries", None)
 
 
-def _cpu_rows(
+def _rows(
     sig: Signature, index: np.ndarray, counts: np.ndarray, rows: np.ndarray, allow_negative: bool
 ) -> np.ndarray:
     owner = np.repeat(np.arange(len(counts)), counts)
@@ -76,31 +76,13 @@ def _cpu_rows(
     if allow_negative:
         index = np.where(index < 0, index + count, index)
     if index.size and (index.min() < 0 or (index >= count).any()):
-        _out_of_range(sig, (index < 0) | (index >= count), given, count)
+        bad = (index < 0) | (index >= count)
+        k = int(np.flatnonzero(bad)[0])
+        raise IndexError(
+            f"{sig.name} at {sig.site}: index {int(given[k])} is out of range for an instance "
+            f"with {int(count[k])} rows (as eager PyTorch refuses it)"
+        )
     return index + (np.cumsum(rows) - rows)[owner]
-
-
-def _device_rows(
-    sig: Signature, index: Tensor, counts: np.ndarray, rows: np.ndarray, allow_negative: bool
-) -> Tensor:
-    owner = torch.from_numpy(np.repeat(np.arange(len(counts)), counts)).to(index.device)
-    table = np.stack([rows, np.cumsum(rows) - rows], axis=1)
-    count, start = torch.from_numpy(table).to(index.device).index_select(0, owner).unbind(1)
-    given = index
-    if allow_negative:
-        index = torch.where(index < 0, index + count, index)
-    bad = (index < 0) | (index >= count)
-    if len(index) and bool(bad.any()):
-        _out_of_range(sig, bad.cpu().numpy(), given.cpu().numpy(), count.cpu().numpy())
-    return index + start
-
-
-def _out_of_range(sig: Signature, bad: np.ndarray, index: np.ndarray, count: np.ndarray) -> None:
-    k = int(np.flatnonzero(bad)[0])
-    raise IndexError(
-        f"{sig.name} at {sig.site}: index {int(index[k])} is out of range for an instance "
-        f"with {int(count[k])} rows (as eager PyTorch refuses it)"
-    )
 
 
 def _plain_index(

@@ -197,6 +197,7 @@ def _packed_rnn(sig: Signature, inputs: list[Tensor], lengths: np.ndarray) -> tu
 
 
 _LOW = (torch.float16, torch.bfloat16)  # eager PyTorch sums these in float32
+_WIDE_SUMS = frozenset(("sum", "mean", "sum_all", "mean_all"))
 
 
 def _segment_sum(x: Tensor, segment: Tensor, n: int) -> Tensor:
@@ -215,15 +216,16 @@ def _segment_max(x: Tensor, segment: Tensor, n: int) -> Tensor:
 
 
 def _segment_reduce(kind: str, x: Tensor, segment: Tensor, lengths: np.ndarray) -> Tensor:
+    if x.dtype in _LOW and kind in _WIDE_SUMS:  # eager adds half precision up in float32
+        return _segment_reduce(kind, x.float(), segment, lengths).to(x.dtype)  # one rounding
     n = len(lengths)
     if kind == "sum_all" or kind == "mean_all":
-        wide = torch.float32 if x.dtype in _LOW else x.dtype  # one rounding, as eagerly
-        per_row = x.reshape(len(x), math.prod(x.shape[1:])).sum(1, dtype=wide)  # -1: 0 rows
+        per_row = x.reshape(len(x), math.prod(x.shape[1:])).sum(1)  # -1 fails on 0 rows
         total = _segment_sum(per_row, segment, n)
         if kind == "sum_all":
-            return total.to(x.dtype)
-        count = torch.from_numpy(lengths * (x[0].numel() if len(x) else 0)).to(x.device, wide)
-        return (total / count).to(x.dtype)
+            return total
+        count = torch.from_numpy(lengths * (x[0].numel() if len(x) else 0)).to(x.device, x.dtype)
+        return total / count
     if kind == "sum":
         return _segment_sum(x, segment, n)
     if kind == "mean":
