@@ -325,3 +325,33 @@ def test_random_ops_on_the_short_path_draw_per_instance() -> None:
     # the same signature for every instance after the first: one step, fresh draws per row
     assert len({tuple(d.tolist()) for d in draws}) == len(p)
     assert all(set(d.tolist()) <= {0.0, 1.0} for d in draws)
+
+
+@pytest.mark.parametrize("how", ["set_default_device", "with torch.device"])
+def test_a_default_device_places_what_an_instance_makes_as_eager(how: str) -> None:
+    from torch.utils._device import _device_constructors
+
+    # the factories a default device redirects are cached on first use: empty, they are filled
+    # inside the next batch_map, where torch.tensor is the short path's stand-in
+    _device_constructors.cache_clear()
+
+    def fn(x: int) -> list[torch.Tensor]:
+        return [torch.tensor(x), torch.tensor(x * 0.5) * 2, torch.zeros(2) + x, torch.arange(3)]
+
+    def run() -> list[list[torch.Tensor]]:
+        if how == "set_default_device":
+            torch.set_default_device("meta")
+            try:
+                return [bf.batch_map(fn, [1, 2, 3]), [fn(x) for x in [1, 2, 3]]]
+            finally:
+                torch.set_default_device(None)
+        with torch.device("meta"):
+            return [bf.batch_map(fn, [1, 2, 3]), [fn(x) for x in [1, 2, 3]]]
+
+    got, want = run()
+    for g, w in zip(flat_tensors(got), flat_tensors(want), strict=True):
+        assert g.device == w.device == torch.device("meta") and g.shape == w.shape
+        assert g.dtype == w.dtype
+    plain = bf.batch_map(fn, [1, 2])  # no default device: the CPU again, as eager
+    assert {t.device.type for t in flat_tensors(plain)} == {"cpu"}
+    torch.testing.assert_close(plain, [fn(1), fn(2)])

@@ -31,6 +31,7 @@ import torch
 import torch._tensor
 import torch.functional
 import torch.nn.functional
+from torch.utils._device import _device_constructors
 
 from . import refusals
 from .context import active_recorder
@@ -146,6 +147,10 @@ def patch(on: bool) -> None:
     """Put :func:`handle` in place of PyTorch's (``on``), or PyTorch's back; the same for
     :func:`tensor` and ``torch.tensor``, :func:`cross_entropy` and ``F.cross_entropy``, and the
     calls :mod:`.refusals` stands in for."""
+    if on:
+        # a default device (torch.set_default_device) fills its set of factories, cached, on
+        # first use: filled now, it holds PyTorch's torch.tensor and not the stand-in
+        _device_constructors()
     for module in _MODULES:
         module.handle_torch_function = handle if on else ORIGINAL  # type: ignore[attr-defined]
     torch.tensor = tensor if on else ORIGINAL_TENSOR  # type: ignore[assignment]

@@ -183,6 +183,10 @@ class SourceMaker:
         """
         if len(args) != 1 or type(args[0]) not in _SCALAR_DTYPES:
             return None
+        if kwargs.get("device") is None and torch._C._len_torch_function_stack():
+            # a mode under the recorder may be a default device (torch.set_default_device,
+            # `with torch.device(...)`); dispatch.tensor's path sees the recorder alone
+            kwargs = {**kwargs, "device": torch.get_default_device()}
         return self.scalar(args[0], kwargs)
 
     def scalar(self, value: Any, kwargs: dict[str, Any]) -> Lazy | None:
