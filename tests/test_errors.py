@@ -127,3 +127,46 @@ def test_errors_re_exported_where_they_are_raised_are_the_same_classes() -> None
     assert molecules.MoleculeFormatError is molecule_features.MoleculeFormatError
     assert molecules.MoleculeFormatError is bf.MoleculeFormatError
     assert issubclass(bf.ConfigError, ValueError) and issubclass(bf.GraphError, RuntimeError)
+
+
+@pytest.mark.parametrize("scheduler", ["agenda", "depth"])
+def test_an_index_out_of_range_is_eagers_error_naming_the_line(scheduler: str) -> None:
+    emb = torch.nn.Embedding(5, 3)
+
+    def fn(word: int) -> torch.Tensor:
+        return emb(torch.tensor(word)).sum()  # the line the note names
+
+    line = fn.__code__.co_firstlineno + 1
+    with pytest.raises(IndexError, match="index out of range") as caught:
+        bf.batch_map(fn, [1, 4, 7, 2], scheduler=scheduler)  # type: ignore[arg-type]
+    note = "\n".join(caught.value.__notes__)
+    assert f"test_errors.py:{line}" in note and "row 2 of its batched step of 4" in note
+
+
+def test_a_value_error_of_an_op_batched_by_vmap_is_eagers_error() -> None:
+    def fn(m: list[list[float]]) -> torch.Tensor:
+        return torch.linalg.cholesky(torch.tensor(m, dtype=torch.float64))
+
+    good, bad = [[2.0, 0.0], [0.0, 3.0]], [[1.0, 2.0], [2.0, 1.0]]  # not positive-definite
+    with pytest.raises(torch.linalg.LinAlgError) as caught:
+        fn(bad)
+    eager = str(caught.value)
+    with pytest.raises(torch.linalg.LinAlgError) as caught:
+        bf.batch_map(fn, [good, bad, good])
+    assert str(caught.value) == eager and "row 1 of its batched step of 3" in caught.value.__notes__[0]
+
+
+def test_a_rule_that_fails_where_the_op_does_not_is_a_batching_rule_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from batchfold.lazy.kept import forget
+    from batchfold.opbase import RULES, OpRule
+
+    def broken(sig: object, inputs: object, n: int) -> torch.Tensor:
+        raise RuntimeError("a broken rule")
+
+    forget()  # no signature kept from earlier calls: the next ones look the rule up
+    monkeypatch.setitem(RULES, torch.asinh, OpRule("broken", broken))
+    with pytest.raises(bf.errors.BatchingRuleError, match="a broken rule.*no instance alone"):
+        bf.batch_map(lambda x: torch.asinh(torch.tensor(x)), [0.5, 1.5])
+    forget()

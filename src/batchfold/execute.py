@@ -18,6 +18,7 @@ import torch
 
 from .errors import BatchingRuleError, ShapeError
 from .graph import OUT_BITS, OUT_MASK, Signature
+from .opbase import rule_failure
 from .ops import LOOP, VMAP
 from .ops_views import forget_rows
 from .profile import Profile, StepClock, mark
@@ -370,15 +371,13 @@ def _call_rule(
         if isinstance(error, rule.user_errors):
             raise
         if rule is not VMAP:
-            raise BatchingRuleError(
-                f"batching rule {rule.name!r} of {sig.name} (recorded at {sig.site}) failed "
-                f"over {n} instances: {type(error).__name__}: {error}. The op itself "
-                "accepted these inputs when recorded, so this is a bug in batchfold's rule; "
-                "please report it with this message."
-            ) from error
+            raise rule_failure(sig, rule, inputs, n, error) from error
         fallbacks.looped.add(sig)  # vmap cannot batch this op: once per instance from now on
         rule = LOOP
-        out = LOOP.batched(sig, inputs, n)
+        try:
+            out = LOOP.batched(sig, inputs, n)
+        except Exception as looped:
+            raise rule_failure(sig, LOOP, inputs, n, looped) from looped
     if rule is VMAP or rule is LOOP:
         fallbacks.counts[f"{sig.name} ({rule.name})"] += n
     outs = tuple(out) if sig.multi else (out,)

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .errors import BatchingRuleError
 from .graph import Signature, Slot, TensorMeta
 
 Tensor = torch.Tensor
@@ -104,6 +105,34 @@ def batched_loop(sig: Signature, inputs: list[Tensor], n: int) -> Any:
 
 VMAP = OpRule("vmap", batched_vmap)
 LOOP = OpRule("loop", batched_loop)
+
+
+def rule_failure(
+    sig: Signature, rule: OpRule, inputs: list[Tensor], n: int, error: Exception
+) -> Exception:
+    """What to raise when a batched call of ``sig`` fails. Shapes were checked when the op was
+    recorded, but some errors depend on values (an index out of range, a singular matrix):
+    where one instance's row, run alone, raises the same kind of error, that error is the
+    code's own, raised as eager execution raises it, with a note naming the op and its line.
+    Otherwise the rule is at fault."""
+    for row in range(n):
+        try:
+            call_one(sig, [x[row] for x in inputs])
+        except Exception as own:
+            if type(own) is type(error):
+                own.add_note(
+                    f"raised by {sig.name} (recorded at {sig.site}) for row {row} of its "
+                    f"batched step of {n}: run alone, as eager execution runs it, the op "
+                    "raises the same"
+                )
+                return own
+            break
+    return BatchingRuleError(
+        f"batching rule {rule.name!r} of {sig.name} (recorded at {sig.site}) failed over {n} "
+        f"instances: {type(error).__name__}: {error}. The op accepted these inputs' shapes "
+        "when recorded and no instance alone fails, so this is a bug in batchfold's rule; "
+        "please report it with this message."
+    )
 
 
 def lift(x: Tensor, rank: int) -> Tensor:
