@@ -153,7 +153,9 @@ def test_a_value_error_of_an_op_batched_by_vmap_is_eagers_error() -> None:
     eager = str(caught.value)
     with pytest.raises(torch.linalg.LinAlgError) as caught:
         bf.batch_map(fn, [good, bad, good])
-    assert str(caught.value) == eager and "row 1 of its batched step of 3" in caught.value.__notes__[0]
+    assert (
+        str(caught.value) == eager and "row 1 of its batched step of 3" in caught.value.__notes__[0]
+    )
 
 
 def test_a_rule_that_fails_where_the_op_does_not_is_a_batching_rule_error(
