@@ -114,6 +114,24 @@ class Graph:
             self.grad_free.update(first + o for o in sig.int_outs)
         return first
 
+    def add_source(self, sig: Signature, instance: int, payload: Any) -> int:
+        """:meth:`add` of a node with no inputs, a payload and one output that needs no
+        gradient (a per-instance number's source, the commonest node): its value id."""
+        depths = self.node_depth
+        node = self.node_base + len(depths)
+        depths.append(0)
+        pending = self.pending_of[sig.pool]
+        if not pending.nodes:
+            self.touched.append(sig.pool)
+        pending.nodes.append(node)
+        pending.instances.append(instance)
+        pending.payloads.append(payload)
+        if sig.family is not None:
+            pending.members.append(sig.id)
+        first = node << OUT_BITS
+        self.grad_free.add(first)
+        return first
+
     @property
     def pending(self) -> int:
         """Number of nodes recorded and not yet run."""

@@ -112,7 +112,7 @@ class Recorder(InPlaceWrites, SignatureMaker, TorchFunctionMode):
         A call with no lazy argument runs at once (factories make per-instance constants).
         """
         if not kwargs and self.trace is None and not self.closed:
-            known = self._known(func, args)
+            known = self.known(func, args)
             if known is not None:
                 return known
         if self.closed:
@@ -169,7 +169,7 @@ class Recorder(InPlaceWrites, SignatureMaker, TorchFunctionMode):
             self._mark_views(outs, args[0])
         return tuple(outs) if sig.multi is tuple else sig.multi(outs)
 
-    def _known(self, func: Any, args: tuple[Any, ...]) -> Lazy | None:
+    def known(self, func: Any, args: tuple[Any, ...]) -> Lazy | None:
         """The common call on a fast path: lazy positional arguments only, and a signature of
         one output (not a view) made for it already. Its lazy output, or ``None``: then the
         general path, which makes the same key."""

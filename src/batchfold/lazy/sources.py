@@ -197,12 +197,14 @@ class SourceMaker:
             if not _NUMBER_KEYWORDS.issuperset(kwargs):
                 return None
             dtype, device = kwargs.get("dtype"), kwargs.get("device")
-        cache_key = (type(value), torch.get_default_dtype(), dtype, device)
+        kind = type(value)  # a float's dtype is the default one where none is given
+        default = torch.get_default_dtype() if kind is float and dtype is None else None
+        cache_key = (kind, default, dtype, device)
         cached = self._scalars.get(cache_key)
         if cached is None:
             cached = self._scalars[cache_key] = self._number_signature(value, dtype, device)
         sig, meta = cached
-        vid = rec.graph.add(sig, (), rec.instance, value)
+        vid = rec.graph.add_source(sig, rec.instance, value)
         if rec.trace is not None:
             rec.trace.ops.append((sig, (), vid, value))
         return Lazy(rec, vid, meta)
