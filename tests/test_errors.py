@@ -172,3 +172,15 @@ def test_a_rule_that_fails_where_the_op_does_not_is_a_batching_rule_error(
     with pytest.raises(bf.errors.BatchingRuleError, match="a broken rule.*no instance alone"):
         bf.batch_map(lambda x: torch.asinh(torch.tensor(x)), [0.5, 1.5])
     forget()
+
+
+def test_an_index_out_of_range_in_a_packed_step_names_the_line() -> None:
+    emb = torch.nn.Embedding(5, 3)
+
+    def fn(words: list[int]) -> torch.Tensor:
+        return emb(torch.tensor(words)).sum(0)  # sentences of different lengths: packed
+
+    line = fn.__code__.co_firstlineno + 1
+    with pytest.raises(IndexError, match="index out of range") as caught:
+        bf.batch_map(fn, [[1, 2], [3, 9, 1], [0, 4]])
+    assert f"test_errors.py:{line}" in "\n".join(caught.value.__notes__)

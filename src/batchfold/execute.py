@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import nullcontext
 from typing import Any, Literal, cast, overload
 
 import numpy as np
@@ -344,11 +345,12 @@ def run_ragged(
 ) -> tuple[Tensor, ...]:
     """One packed call of a ragged step (see :mod:`batchfold.ragged`), its outputs checked."""
     mode = sig.grad
-    if mode is None or mode == torch.is_grad_enabled():
-        outs = run_family(sig, inputs, lengths, sizes)
-    else:
-        with torch.set_grad_enabled(bool(mode)):
+    try:
+        with nullcontext() if mode is None else torch.set_grad_enabled(bool(mode)):
             outs = run_family(sig, inputs, lengths, sizes)
+    except Exception as error:  # an index out of range in the rows, say: where, at least
+        error.add_note(f"raised by {sig.name} (recorded at {sig.site}) in a packed step")
+        raise
     n, total = len(lengths), int(lengths.sum())
     for tensor, meta, ragged in zip(outs, sig.out_metas, sig.family.ragged_out, strict=True):
         expected = (total, *meta.shape[1:]) if ragged else (n, *meta.shape)
