@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import batchfold as bf
-from baselines import make_batches
+from baselines import make_batches, synchronize
 from batchfold.models.tree_lstm import TreeLSTMClassifier, tree_node_losses
 from machine import describe_machine, markdown_table, write_results
 
@@ -175,6 +175,7 @@ def time_interleaved(
             optimizer.zero_grad()
             value.backward()
             optimizer.step()
+            synchronize()  # a GPU's queued work counts
             if i:
                 times[name].append(time.perf_counter() - start)
                 if stats is not None:

@@ -22,6 +22,7 @@ alike.
 
     python benchmarks/bench_ragged.py            # batch 64, 2 threads
     python benchmarks/bench_ragged.py --quick    # fewer batches and repeats
+    python benchmarks/bench_ragged.py --device cuda --quick   # on a GPU: ragged-quick-cuda
 
 Writes ``benchmarks/results/ragged[-quick].json`` and ``.md``.
 """
@@ -151,8 +152,9 @@ class Tagger(nn.Module):
 
     def loss(self, sentence: tuple[list[int], list[int]]) -> torch.Tensor:
         words, tags = sentence
-        states, _ = self.lstm(self.embed(torch.tensor(words)))
-        return F.cross_entropy(self.out(states), torch.tensor(tags), reduction="sum")
+        device = self.out.weight.device
+        states, _ = self.lstm(self.embed(torch.tensor(words, device=device)))
+        return F.cross_entropy(self.out(states), torch.tensor(tags, device=device), reduction="sum")
 
 
 # a GRU encoder-decoder decoding greedily ----------------------------------------------------
@@ -170,11 +172,12 @@ class Seq2Seq(nn.Module):
 
     def decode(self, tokens: list[int]) -> tuple[list[int], torch.Tensor]:
         """Greedy tokens, and the summed log-likelihood of the reversed input under them."""
-        states, last = self.encoder(self.embed(torch.tensor(tokens)))
-        h, token, out, score = last[0], tokens[-1], [], torch.zeros(())
+        device = self.out.weight.device
+        states, last = self.encoder(self.embed(torch.tensor(tokens, device=device)))
+        h, token, out, score = last[0], tokens[-1], [], torch.zeros((), device=device)
         target = tokens[::-1]
         while len(out) < MAX_STEPS:
-            h = self.decoder(self.embed(torch.tensor(token)), h)
+            h = self.decoder(self.embed(torch.tensor(token, device=device)), h)
             weights = torch.softmax(states @ h, 0)
             logits = self.out(torch.cat([h, weights @ states]))
             if len(out) < len(target):
@@ -211,10 +214,11 @@ def tie_margin(model: Seq2Seq, tokens: list[int], prefix: list[int], a: int, b: 
     """How far apart logits ``a`` and ``b`` are (float32, one sequence) at the step after
     ``prefix``: the step where two systems chose ``a`` and ``b``."""
     with torch.no_grad():
-        states, last = model.encoder(model.embed(torch.tensor(tokens)))
+        device = model.out.weight.device
+        states, last = model.encoder(model.embed(torch.tensor(tokens, device=device)))
         h = last[0]
         for token in [tokens[-1], *prefix]:
-            h = model.decoder(model.embed(torch.tensor(token)), h)
+            h = model.decoder(model.embed(torch.tensor(token, device=device)), h)
         logits = model.out(torch.cat([h, torch.softmax(states @ h, 0) @ states]))
     return abs(float(logits[a] - logits[b]))
 
@@ -270,21 +274,29 @@ def time_decoding(model: Seq2Seq, batches: list[list[list[int]]], repeats: int) 
     }
 
 
-def workloads(quick: bool, rng: random.Random) -> dict[str, tuple[nn.Module, Callable, Callable]]:
-    """name -> (model, per-instance loss, make(size, count) -> batches)."""
+def workloads(
+    quick: bool, rng: random.Random, device: torch.device
+) -> dict[str, tuple[nn.Module, Callable, Callable]]:
+    """name -> (model, per-instance loss, make(size, count) -> batches), on ``device``."""
     torch.manual_seed(0)
-    esol = molecules(2000, rng)
-    mp = MessagePassing(esol[0][0].shape[1])
-    attention = AttentionClassifier(in_dim=16, dim=64, hidden=64, n_outputs=5)
-    tagger = Tagger()
+    esol = [
+        tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in m)
+        for m in molecules(2000, rng)
+    ]
+    mp = MessagePassing(esol[0][0].shape[1]).to(device)
+    attention = AttentionClassifier(in_dim=16, dim=64, hidden=64, n_outputs=5).to(device)
+    tagger = Tagger().to(device)
 
     def attention_loss(item: tuple[torch.Tensor, int]) -> torch.Tensor:
         x, y = item
-        return F.cross_entropy(attention(torch.as_tensor(x)), torch.tensor(y))
+        return F.cross_entropy(attention(torch.as_tensor(x)), torch.tensor(y, device=x.device))
 
     def sequences(size: int, count: int) -> list[list[Any]]:
         return [
-            [(torch.randn(rng.randint(5, 100), 16), rng.randrange(5)) for _ in range(size)]
+            [
+                (torch.randn(rng.randint(5, 100), 16).to(device), rng.randrange(5))
+                for _ in range(size)
+            ]
             for _ in range(count)
         ]
 
@@ -311,13 +323,14 @@ def workloads(quick: bool, rng: random.Random) -> dict[str, tuple[nn.Module, Cal
     }
 
 
-def run(quick: bool, threads: int, size: int) -> dict[str, Any]:
-    """Measure every workload and system; returns the JSON-ready results."""
+def run(quick: bool, threads: int, size: int, device: str = "cpu") -> dict[str, Any]:
+    """Measure every workload and system on ``device``; returns the JSON-ready results."""
     torch.set_num_threads(threads)
     rng = random.Random(0)
+    on = torch.device(device)
     rows = []
     count, repeats = (2, 1) if quick else (3, 2)
-    for name, (model, per_instance, make) in workloads(quick, rng).items():
+    for name, (model, per_instance, make) in workloads(quick, rng, on).items():
         loss_systems = systems(per_instance)
         check(model, loss_systems, make(8, 1)[0])
         batches = make(size, count)
@@ -325,7 +338,7 @@ def run(quick: bool, threads: int, size: int) -> dict[str, Any]:
             row.update(workload=name, mode="training", batch=size, system=system)
             rows.append(row)
             print(f"{name:32s} {system:30s} {size / row['median_s']:8.1f} instances/s")
-    seq2seq = Seq2Seq()
+    seq2seq = Seq2Seq().to(on)
 
     def source() -> list[int]:
         return [rng.randrange(1, 50) for _ in range(rng.randint(5, 20))]
@@ -363,7 +376,10 @@ def run(quick: bool, threads: int, size: int) -> dict[str, Any]:
             and r["system"] in ("plain loop (eager)", "one at a time")
         )
         row["vs_loop"] = row["per_s"] / base["per_s"]
-    return {"machine": describe_machine(threads), "batch": size, "rows": rows}
+    machine = describe_machine(threads)
+    if on.type == "cuda":
+        machine["cpu"] = f"{torch.cuda.get_device_name(on)} with {machine['cpu']}"
+    return {"machine": machine, "batch": size, "device": device, "rows": rows}
 
 
 def summary(results: dict[str, Any]) -> str:
@@ -418,9 +434,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     parser.add_argument("--batch-size", type=int, default=64, help="instances per batch")
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for JSON and markdown")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
     args = parser.parse_args(argv)
-    results = run(args.quick, args.threads, args.batch_size)
-    stem = "ragged-quick" if args.quick else "ragged"
+    results = run(args.quick, args.threads, args.batch_size, args.device)
+    stem = ("ragged-quick" if args.quick else "ragged") + f"-{args.device}" * (args.device != "cpu")
     write_results(args.out, stem, results, summary(results))
 
 
