@@ -130,7 +130,7 @@ def rule_failure(
     return BatchingRuleError(
         f"batching rule {rule.name!r} of {sig.name} (recorded at {sig.site}) failed over {n} "
         f"instances: {type(error).__name__}: {error}. The op accepted these inputs' shapes "
-        "when recorded and no instance alone fails, so this is a bug in batchfold's rule; "
+        "when recorded and no instance alone raises it, so this is a bug in batchfold's rule; "
         "please report it with this message."
     )
 
