@@ -71,6 +71,11 @@ __all__ = [
 ]
 
 
+def add_note(error: BaseException, note: str) -> None:
+    """``error.add_note(note)``, also on Python 3.10 (3.11 prints notes under the traceback)."""
+    setattr(error, "__notes__", [*getattr(error, "__notes__", []), note])  # noqa: B010
+
+
 class BatchfoldError(Exception):
     """Base class of every error batchfold raises on purpose."""
 

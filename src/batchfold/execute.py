@@ -17,7 +17,7 @@ from typing import Any, Literal, cast, overload
 import numpy as np
 import torch
 
-from .errors import BatchingRuleError, ShapeError
+from .errors import BatchingRuleError, ShapeError, add_note
 from .graph import OUT_BITS, OUT_MASK, Signature
 from .opbase import rule_failure
 from .ops import LOOP, VMAP
@@ -349,7 +349,7 @@ def run_ragged(
         with nullcontext() if mode is None else torch.set_grad_enabled(bool(mode)):
             outs = run_family(sig, inputs, lengths, sizes)
     except Exception as error:  # an index out of range in the rows, say: where, at least
-        error.add_note(f"raised by {sig.name} (recorded at {sig.site}) in a packed step")
+        add_note(error, f"raised by {sig.name} (recorded at {sig.site}) in a packed step")
         raise
     n, total = len(lengths), int(lengths.sum())
     for tensor, meta, ragged in zip(outs, sig.out_metas, sig.family.ragged_out, strict=True):

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .errors import BatchingRuleError
+from .errors import BatchingRuleError, add_note
 from .graph import Signature, Slot, TensorMeta
 
 Tensor = torch.Tensor
@@ -120,10 +120,11 @@ def rule_failure(
             call_one(sig, [x[row] for x in inputs])
         except Exception as own:
             if type(own) is type(error):
-                own.add_note(
+                add_note(
+                    own,
                     f"raised by {sig.name} (recorded at {sig.site}) for row {row} of its "
                     f"batched step of {n}: run alone, as eager execution runs it, the op "
-                    "raises the same"
+                    "raises the same",
                 )
                 return own
             break

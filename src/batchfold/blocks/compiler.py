@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from .. import lazy
+from ..errors import add_note
 from ..execute import Executor
 from ..graph import Graph, Signature, TensorMeta
 from ..lazy import Lazy, Recorder
@@ -197,10 +198,7 @@ class CompiledModel(nn.Module):
                     if isinstance(error, RecursionError) and (deep := too_deep(error, index)):
                         raise deep from None  # its traceback is as deep as the input
                     if not isinstance(error, BlockInputError):  # that one names the input
-                        # what BaseException.add_note does on 3.11+ (notes print under it)
-                        note = f"(raised while recording input {index} of the batch)"
-                        notes = [*getattr(error, "__notes__", []), note]
-                        setattr(error, "__notes__", notes)  # noqa: B010
+                        add_note(error, f"(raised while recording input {index} of the batch)")
                     raise
         return outs
 

@@ -17,6 +17,8 @@ from typing import Any
 import torch
 from greenlet import GreenletExit, getcurrent, greenlet
 
+from ..errors import add_note
+
 _set_grad = torch._C._set_grad_enabled  # what torch.set_grad_enabled(b) does, without its object
 _PAUSED = object()  # what an instance's greenlet hands the driver when it waits for a value
 _EXIT_TRIES = 3
@@ -127,13 +129,12 @@ class Driver:
                 stuck.append(index)
                 _ABANDONED.append(task)
         if stuck:
-            notes = [*getattr(error, "__notes__", [])]
-            notes.append(
+            add_note(
+                error,
                 f"(instances {stuck} of batch_map kept waiting for values after being told to "
                 f"exit {_EXIT_TRIES} times, e.g. in a try/except BaseException loop; they were "
-                "left paused)"
+                "left paused)",
             )
-            setattr(error, "__notes__", notes)  # noqa: B010
 
     def _resume(self, index: int, task: Any, paused: dict[int, Any]) -> None:
         """Run a waiting instance on until it waits again or returns (its greenlet stores the
@@ -156,6 +157,4 @@ class Driver:
 
 
 def _note_instance(error: BaseException, index: int) -> None:
-    # what BaseException.add_note does on 3.11+ (which prints notes under the traceback)
-    notes = [*getattr(error, "__notes__", []), f"(raised by instance {index} of batch_map)"]
-    setattr(error, "__notes__", notes)  # noqa: B010
+    add_note(error, f"(raised by instance {index} of batch_map)")
