@@ -114,7 +114,11 @@ def rule_failure(
     recorded, but some errors depend on values (an index out of range, a singular matrix):
     where one instance's row, run alone, raises the same kind of error, that error is the
     code's own, raised as eager execution raises it, with a note naming the op and its line.
-    Otherwise the rule is at fault."""
+    Otherwise the rule is at fault. A CUDA device-side assert (an index out of range on a
+    GPU) is passed on as it is: the device is unusable after it, and it is reported
+    asynchronously, maybe by a later op than the one at fault."""
+    if "device-side assert" in str(error):
+        return error
     for row in range(n):
         try:
             call_one(sig, [x[row] for x in inputs])
