@@ -349,7 +349,8 @@ def run_ragged(
         with nullcontext() if mode is None else torch.set_grad_enabled(bool(mode)):
             outs = run_family(sig, inputs, lengths, sizes)
     except Exception as error:  # an index out of range in the rows, say: where, at least
-        add_note(error, f"raised by {sig.name} (recorded at {sig.site}) in a packed step")
+        if "device-side assert" not in str(error):  # CUDA's: maybe an earlier op's
+            add_note(error, f"raised by {sig.name} (recorded at {sig.site}) in a packed step")
         raise
     n, total = len(lengths), int(lengths.sum())
     for tensor, meta, ragged in zip(outs, sig.out_metas, sig.family.ragged_out, strict=True):
