@@ -144,16 +144,9 @@ class ModuleCache:
         ):
             return MISSED
         self.hits += 1
-        sig = entry.sig
-        if sig is None:
+        if entry.sig is None:
             return _arguments(entry, args, {})
-        if entry.order is not None:  # _add, inline
-            inputs = [inputs[i] for i in entry.order]
-        first = rec.graph.add(sig, inputs, rec.instance)
-        single = entry.single
-        if single is not None:
-            return Lazy(rec, first + single, sig.out_metas[single])
-        return self._outputs(entry, first)
+        return self._add(entry, inputs)
 
     def call(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """``module(*args, **kwargs)`` inside ``batch_map``: a macro node, or traced op by op."""
