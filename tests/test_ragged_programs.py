@@ -109,7 +109,10 @@ def run(program: list[tuple[str, int, int]], x: torch.Tensor, shared: Shared) ->
         elif kind == "broadcast":
             seqs[a] = seqs[a] + vecs[b]
         elif kind == "scores":  # [L, d] @ [d]: a score per row
-            seqs[a] = seqs[a] * (seqs[b] @ vecs[a]).unsqueeze(-1)
+            # squashed: two raw scores in a row grew values to ~5,000, where loss_of's sin
+            # turned rounding in the last place into gradients 1e-9 apart (eager's own
+            # gradient moved 1e-8 when its inputs moved by 1e-15)
+            seqs[a] = seqs[a] * torch.tanh(seqs[b] @ vecs[a]).unsqueeze(-1)
         elif kind == "attend":  # feed-forward attention over the rows
             vecs[a] = torch.softmax(seqs[b] @ vecs[b], 0) @ seqs[b]
         elif kind == "adjacency":  # [L, L] per instance, times the rows
