@@ -98,10 +98,49 @@ def assert_matches_eager(
         torch.testing.assert_close(g, w, rtol=rtol, atol=rtol)
     if params:
         grads = torch.autograd.grad(loss_of(batched), params, allow_unused=True)
-        for p, g, w in zip(params, grads, eager_grads, strict=True):
+        floor: list[torch.Tensor] | None = None
+        for i, (p, g, w) in enumerate(zip(params, grads, eager_grads, strict=True)):
             # batched steps may reach a parameter that eagerly only a no_grad node reads:
             # its gradient is then zeros where eager's is None (the same update under SGD)
             g = torch.zeros_like(p) if g is None else g
             w = torch.zeros_like(p) if w is None else w
-            torch.testing.assert_close(g, w, rtol=rtol, atol=rtol)
+            try:
+                torch.testing.assert_close(g, w, rtol=rtol, atol=rtol)
+            except AssertionError:
+                floor = rounding_floor(fn, instances, params) if floor is None else floor
+                if (g - w).abs().max() > 10 * floor[i]:
+                    raise
     return stats
+
+
+def rounding_floor(
+    fn: Callable[[Any], Any], instances: Sequence[Any], params: list[torch.Tensor]
+) -> list[torch.Tensor]:
+    """How far eager's own parameter gradients move when every parameter moves by a few units
+    in the last place: the closest two computations of an ill-conditioned program can agree
+    (a random program that grows values to thousands and feeds them to ``loss_of``'s ``sin``
+    turns rounding into gradient differences of 1e-9). Random state is left as it was."""
+    state = torch.get_rng_state()
+    noise = torch.Generator().manual_seed(0)
+    saved = [p.detach().clone() for p in params]
+    try:
+        with torch.no_grad():
+            for p in params:
+                eps = torch.finfo(p.dtype).eps
+                p.mul_(1 + 4 * eps * (2 * torch.rand(p.shape, generator=noise) - 1).to(p))
+        eager = [fn(x) for x in instances]
+        before = torch.autograd.grad(loss_of(eager), params, allow_unused=True)
+        with torch.no_grad():
+            for p, s in zip(params, saved, strict=True):
+                p.copy_(s)
+        eager = [fn(x) for x in instances]
+        after = torch.autograd.grad(loss_of(eager), params, allow_unused=True)
+    finally:
+        with torch.no_grad():
+            for p, s in zip(params, saved, strict=True):
+                p.copy_(s)
+        torch.set_rng_state(state)
+    return [
+        torch.zeros(()) if a is None or b is None else (a - b).abs().max()
+        for a, b in zip(before, after, strict=True)
+    ]
