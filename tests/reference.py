@@ -114,7 +114,7 @@ def assert_matches_eager(
 
 
 def rounding_floor(
-    fn: Callable[[Any], Any], instances: Sequence[Any], params: list[torch.Tensor]
+    fn: Callable[[Any], Any], instances: Sequence[Any], params: Sequence[torch.Tensor]
 ) -> list[torch.Tensor]:
     """How far eager's own parameter gradients move when every parameter moves by a few units
     in the last place: the closest two computations of an ill-conditioned program can agree
@@ -129,12 +129,12 @@ def rounding_floor(
                 eps = torch.finfo(p.dtype).eps
                 p.mul_(1 + 4 * eps * (2 * torch.rand(p.shape, generator=noise) - 1).to(p))
         eager = [fn(x) for x in instances]
-        before = torch.autograd.grad(loss_of(eager), params, allow_unused=True)
+        before = torch.autograd.grad(loss_of(eager), list(params), allow_unused=True)
         with torch.no_grad():
             for p, s in zip(params, saved, strict=True):
                 p.copy_(s)
         eager = [fn(x) for x in instances]
-        after = torch.autograd.grad(loss_of(eager), params, allow_unused=True)
+        after = torch.autograd.grad(loss_of(eager), list(params), allow_unused=True)
     finally:
         with torch.no_grad():
             for p, s in zip(params, saved, strict=True):
