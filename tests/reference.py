@@ -133,6 +133,7 @@ def rounding_floor(
         with torch.no_grad():
             for p, s in zip(params, saved, strict=True):
                 p.copy_(s)
+        torch.set_rng_state(state)  # the same draws as the run before, if fn draws any
         eager = [fn(x) for x in instances]
         after = torch.autograd.grad(loss_of(eager), list(params), allow_unused=True)
     finally:
