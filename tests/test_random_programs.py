@@ -42,6 +42,18 @@ KINDS = [
     "sum_kw",
     "branch",
     "pick",
+    "views",
+    "where",
+    "masked_fill",
+    "clamp_pow",
+    "max_dim",
+    "chunk_cat",
+    "gather",
+    "expand",
+    "einsum",
+    "softmaxes",
+    "sort_amax",
+    "sign_detach",
 ]
 
 
@@ -106,6 +118,33 @@ def run(program: list[tuple[str, int, int]], x: tuple[float, ...], shared: Share
             regs[a] = ra + rb[int(abs(x[1]) * 7) % DIM - (b % 2) * DIM]
         elif kind == "branch" and x[0] > 0:  # instances differ in structure
             regs[a] = torch.sigmoid(ra) * rb
+        elif kind == "views":  # reshapes, a transpose and a per-instance matmul of them
+            regs[a] = (ra.view(2, 2).t() @ torch.tanh(rb).reshape(2, 2)).flatten()
+        elif kind == "where":
+            regs[a] = torch.where(rb > 0, ra, -0.5 * ra)
+        elif kind == "masked_fill":
+            regs[a] = ra.masked_fill(rb < 0, 0.25) * rb
+        elif kind == "clamp_pow":
+            regs[a] = rb.clamp(-1.0, 1.0).pow(2) + ra
+        elif kind == "max_dim":  # values and integer indices
+            values, index = rb.max(0)
+            regs[a] = ra * values + index.to(ra.dtype)
+        elif kind == "chunk_cat":
+            first, second = ra.chunk(2)
+            regs[a] = torch.cat([second * rb[0], first])
+        elif kind == "gather":  # a per-instance index tensor
+            index = torch.tensor([(i * (b + 1) + a) % DIM for i in range(DIM)])
+            regs[a] = rb.gather(0, index) + ra
+        elif kind == "expand":
+            regs[a] = ra + rb[b % DIM :][:1].expand(DIM)
+        elif kind == "einsum":
+            regs[a] = torch.tanh(torch.einsum("i,ij->j", rb, shared.w3[a % 2]))
+        elif kind == "softmaxes":
+            regs[a] = F.log_softmax(ra, 0) * torch.softmax(rb, 0)
+        elif kind == "sort_amax":
+            regs[a] = torch.sort(rb, stable=True).values * 0.5 + ra.amax(0, keepdim=True)
+        elif kind == "sign_detach":
+            regs[a] = ra.abs() * rb.sign() + rb.detach() * ra
     return [*regs, shared.lin(regs[0]), *extras]  # every program reaches the parameters
 
 
