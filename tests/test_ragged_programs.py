@@ -58,6 +58,8 @@ ROW_KINDS = [  # skipped on an empty sequence
     "gru",
     "set_row",
     "argmax_pick",
+    "max_rows",
+    "mean_rows",  # eager's mean of no rows is nan, which loss_of would spread everywhere
 ]
 KINDS = [
     "tanh",
@@ -83,6 +85,10 @@ KINDS = [
     "along_features",
     "detach",
     "branch_on_value",
+    "where_rows",
+    "masked_fill_rows",
+    "clamp_rows",
+    "sort_features",
     *ROW_KINDS,
 ]
 
@@ -170,6 +176,19 @@ def run(program: list[tuple[str, int, int]], x: torch.Tensor, shared: Shared) ->
         elif kind == "set_row":
             seqs[a] = seqs[a].clone()
             seqs[a][0] = vecs[b]
+        elif kind == "where_rows":
+            seqs[a] = torch.where(seqs[b] > 0, seqs[a], 0.5 * seqs[b])
+        elif kind == "masked_fill_rows":
+            seqs[a] = seqs[a].masked_fill(seqs[b] < -0.5, 0.25)
+        elif kind == "clamp_rows":
+            seqs[a] = seqs[b].clamp(-1.0, 1.0) * seqs[a]
+        elif kind == "sort_features":  # along each row's features: stable, so ties agree
+            seqs[a] = torch.sort(seqs[b], dim=-1, stable=True).values + seqs[a]
+        elif kind == "mean_rows":  # a reduction over the rows of any length
+            vecs[a] = torch.tanh(seqs[b].mean(0, keepdim=True)).squeeze(0) + vecs[a] * 0.5
+        elif kind == "max_rows":  # values and the row each came from
+            values, rows = seqs[b].max(0)
+            vecs[a] = vecs[a] + values * torch.cos(rows.to(values.dtype))
         elif kind == "argmax_pick":  # a position read from a value (a sync point), then picked
             # read from the input itself: computed values can tie to within rounding
             vecs[a] = vecs[a] + seqs[b][int(h[:, a].argmax())]
