@@ -2,8 +2,8 @@
 per-instance PyTorch.
 
 A program starts from a sequence of vectors of random length (0 included) and applies a
-random chain of stages: maps, an RNN, folds, balanced reductions, sums, means, maxima and
-layers on vectors. Each stage has its block and a plain Python form on one instance's
+random chain of stages: maps, an RNN, folds, balanced reductions, sums, means, maxima,
+n-grams, zips with a broadcast value, fan-outs and layers on vectors. Each stage has its block and a plain Python form on one instance's
 tensors; the compiled program on a batch must equal the plain form run per instance, in
 float64, with both schedulers.
 """
@@ -22,18 +22,23 @@ from torch import nn
 
 from batchfold.blocks import (
     RNN,
+    AllOf,
+    Broadcast,
     Fold,
     Function,
     GetItem,
+    Identity,
     Map,
     Max,
     Mean,
+    NGrams,
     Reduce,
     Sum,
     TensorType,
     TupleType,
     Vector,
     Zeros,
+    Zip,
     compile,
 )
 from reference import assert_grads_match, loss_of
@@ -114,6 +119,24 @@ def stages(w: Weights) -> dict[str, tuple[str, str, Any, Callable[[Any], Any]]]:
             lambda s: _reduce(s, torch.add) / max(len(s), 1),
         ),
         "layer": ("vec", "vec", Function(w.squash), w.squash),
+        "bigrams": (  # each pair of neighbours combined: one element fewer
+            "seq",
+            "seq",
+            NGrams(2) >> Map(combine),
+            lambda s: [w.combine(a, b) for a, b in zip(s, s[1:], strict=False)],
+        ),
+        "with_sum": (  # each element beside the sequence's sum, broadcast along it
+            "seq",
+            "seq",
+            AllOf(Identity(), Sum() >> Broadcast()) >> Zip() >> Map(combine),
+            lambda s: [w.combine(x, _reduce(s, torch.add)) for x in s],
+        ),
+        "fan_out": (  # one vector through two layers at once, then combined
+            "vec",
+            "vec",
+            AllOf(Function(w.squash), Identity()) >> combine,
+            lambda v: w.combine(w.squash(v), v),
+        ),
     }
 
 
