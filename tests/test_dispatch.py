@@ -336,7 +336,9 @@ def test_a_default_device_places_what_an_instance_makes_as_eager(how: str) -> No
     _device_constructors.cache_clear()
 
     def fn(x: int) -> list[torch.Tensor]:
-        return [torch.tensor(x), torch.tensor(x * 0.5) * 2, torch.zeros(2) + x, torch.arange(3)]
+        made = [torch.tensor(x), torch.tensor(x * 0.5) * 2, torch.zeros(2) + x, torch.arange(3)]
+        given = [torch.as_tensor(torch.ones(2) * x), torch.as_tensor(np.full(2, x * 1.0))]
+        return [*made, *given]  # the instance's CPU tensor and array are moved, as eager does
 
     def run() -> list[Any]:
         if how == "set_default_device":
