@@ -109,6 +109,7 @@ def test_pytorchs_function_is_back_after_batch_map_and_after_an_error() -> None:
         assert getattr(F, "handle_torch_function") is dispatch.handle  # noqa: B009
         raise ValueError("stop")
 
+    seed = torch.manual_seed  # PyTorch's, wrapped by PyTorch once torch._dynamo is imported
     bf.batch_map(lambda x: F.relu(torch.as_tensor(x)), [torch.ones(2)])
     with pytest.raises(ValueError, match="stop"):
         bf.batch_map(fails, [torch.ones(2)])
@@ -117,7 +118,7 @@ def test_pytorchs_function_is_back_after_batch_map_and_after_an_error() -> None:
     assert torch.tensor is torch._C._VariableFunctions.tensor  # pyright: ignore[reportAttributeAccessIssue]
     assert F.cross_entropy is dispatch.ORIGINAL_CROSS_ENTROPY
     assert torch.as_tensor is dispatch.ORIGINAL_AS_TENSOR
-    assert torch.manual_seed is torch.random.manual_seed
+    assert torch.manual_seed is seed
 
 
 _LOSS_OPTIONS = [
@@ -189,6 +190,7 @@ def test_torch_tensor_of_a_number_takes_the_short_path_with_eagers_values(
         return original(data, *args, **kwargs)
 
     monkeypatch.setattr(dispatch, "ORIGINAL_TENSOR", counted)
+    monkeypatch.setattr(torch, "tensor", counted)  # where the stand-in goes (see dispatch.patch)
     got, stats = bf.batch_map(
         lambda i: _numbers(w, i), list(range(5)), scheduler=scheduler, return_stats=True
     )
@@ -357,3 +359,32 @@ def test_a_default_device_places_what_an_instance_makes_as_eager(how: str) -> No
     plain = bf.batch_map(fn, [1, 2])  # no default device: the CPU again, as eager
     assert {t.device.type for t in flat_tensors(plain)} == {"cpu"}
     torch.testing.assert_close(plain, [fn(1), fn(2)])
+
+
+def test_a_users_own_wrapper_of_a_stood_in_function_stays_and_is_called(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real_seed, real_tensor = torch.manual_seed, torch.tensor
+    seeds: list[int] = []
+
+    def counted_seed(seed: int) -> Any:
+        seeds.append(seed)
+        return real_seed(seed)
+
+    monkeypatch.setattr(torch, "tensor", lambda *a, **k: real_tensor(*a, **k) * 2)  # changed
+    monkeypatch.setattr(torch, "manual_seed", counted_seed)
+    w = torch.randn(3, 4, dtype=torch.float64)
+    changed = torch.tensor
+
+    def loss(item: tuple[torch.Tensor, int]) -> torch.Tensor:
+        return F.cross_entropy(torch.as_tensor(item[0]) @ w, torch.tensor(item[1]) // 2)
+
+    items = [(torch.randn(3, dtype=torch.float64), label) for label in (0, 1, 2, 3)]
+    got = bf.batch_map(loss, items)  # the labels doubled, then halved: as eagerly
+    torch.testing.assert_close(got, [loss(item) for item in items], rtol=0, atol=0)
+    assert torch.tensor is changed and torch.manual_seed is counted_seed
+    with pytest.raises(bf.UnsupportedOpError, match="manual_seed"):  # refused inside, as ever
+        bf.batch_map(lambda x: torch.manual_seed(0), [1])
+    assert torch.manual_seed is counted_seed and not seeds
+    torch.manual_seed(3)
+    assert seeds == [3]

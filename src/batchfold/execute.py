@@ -26,6 +26,10 @@ from .profile import Profile, StepClock, mark
 from .ragged import expand_rows, run_family
 from .schedule import UNBOUND, Fanout, Gather, Plan, Step
 
+# PyTorch's own torch.tensor: the name in the torch namespace may be a function of the user's
+# (a wrapper), which the instances' own calls have already gone through
+_TENSOR = torch._C._VariableFunctions.tensor  # pyright: ignore[reportAttributeAccessIssue]
+
 Tensor = torch.Tensor
 
 
@@ -320,7 +324,7 @@ def sources_batch(sig: Signature, payloads: list[Any], lengths: np.ndarray | Non
     if lengths is not None:
         return torch.cat(payloads)
     if sig.source == "scalar":
-        return torch.tensor(payloads, dtype=meta.dtype, device=meta.device)
+        return _TENSOR(payloads, dtype=meta.dtype, device=meta.device)
     return torch.stack(payloads)  # "tensor" and "constant"
 
 

@@ -151,14 +151,23 @@ def cross_entropy(
 def patch(on: bool) -> None:
     """Put :func:`handle` in place of PyTorch's (``on``), or PyTorch's back; the same for
     :func:`tensor` and ``torch.tensor``, :func:`cross_entropy` and ``F.cross_entropy``, and the
-    calls :mod:`.refusals` stands in for."""
+    calls :mod:`.refusals` stands in for.
+
+    A stand-in goes only where PyTorch's own function is, and PyTorch's goes back only where
+    the stand-in still is: a function the user put there (a wrapper that changes a default,
+    or one that counts calls) stays, and is called inside ``batch_map`` as outside it.
+    """
     if on:
         # a default device (torch.set_default_device) fills its set of factories, cached, on
         # first use: filled now, it holds PyTorch's torch.tensor and not the stand-in
         _device_constructors()
-    for module in _MODULES:
-        module.handle_torch_function = handle if on else ORIGINAL  # type: ignore[attr-defined]
-    torch.tensor = tensor if on else ORIGINAL_TENSOR  # type: ignore[assignment]
-    torch.as_tensor = as_tensor if on else ORIGINAL_AS_TENSOR
-    torch.nn.functional.cross_entropy = cross_entropy if on else ORIGINAL_CROSS_ENTROPY
+    swaps = [
+        *((module, "handle_torch_function", ORIGINAL, handle) for module in _MODULES),
+        (torch, "tensor", ORIGINAL_TENSOR, tensor),
+        (torch, "as_tensor", ORIGINAL_AS_TENSOR, as_tensor),
+        (torch.nn.functional, "cross_entropy", ORIGINAL_CROSS_ENTROPY, cross_entropy),
+    ]
+    for module, name, original, replacement in swaps:
+        if getattr(module, name) is (original if on else replacement):
+            setattr(module, name, replacement if on else original)
     refusals.patch(on)

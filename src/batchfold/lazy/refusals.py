@@ -136,13 +136,19 @@ _SEEDING = [
     for name in ("manual_seed", "seed", "set_rng_state")
 ]
 _RESEEDS = [(space, name, _reseed(original)) for space, name, original in _SEEDING]
+_BEFORE: dict[tuple[Any, str], Any] = {}  # what the refusing forms stand in for while on
 
 
 def patch(on: bool) -> None:
     """Put the refusing forms of ``Function.apply``, ``torch.autocast.__enter__`` and the
     random generator's seeding (``torch.manual_seed``, ``torch.seed``, ``torch.set_rng_state``)
-    in place (``on``), or PyTorch's back."""
+    in place (``on``), or what was there before (PyTorch's, or a function the user put there)."""
     _FUNCTION.apply = _APPLY if on else ORIGINAL_APPLY  # type: ignore[method-assign]
     _AUTOCAST.__enter__ = autocast_enter if on else ORIGINAL_ENTER  # type: ignore[method-assign]
     for (space, name, original), (_, _, refusing) in zip(_SEEDING, _RESEEDS, strict=True):
-        setattr(space, name, refusing if on else original)
+        current = getattr(space, name)
+        if on and current is not refusing:
+            _BEFORE[space, name] = current
+            setattr(space, name, refusing)
+        elif not on and current is refusing:
+            setattr(space, name, _BEFORE.pop((space, name), original))

@@ -185,7 +185,8 @@ class Lazy:
 
     def new_tensor(self, data: Any, **kwargs: Any) -> Any:
         """``torch.tensor(data)`` with this tensor's dtype and device."""
-        return torch.tensor(data, **{"dtype": self.dtype, "device": self.device, **kwargs})
+        kwargs = {"dtype": self.dtype, "device": self.device, **kwargs}
+        return torch._C._VariableFunctions.tensor(data, **kwargs)  # pyright: ignore  # as eager
 
     def _new(self, factory: Any, size: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
