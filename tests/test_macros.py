@@ -430,6 +430,73 @@ def test_modules_returning_their_input_or_a_view_of_it() -> None:
     assert_matches_eager(aliased, [[1.0, 2.0, 3.0, 4.0]] * 4)  # type: ignore[arg-type]
 
 
+class Carry(nn.Module):
+    """Returns computed values with some of its arguments, as they are, in between."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4).double()
+
+    def forward(self, h: Any, x: Any, *, state: Any) -> Any:
+        new = torch.tanh(self.lin(h) + x)
+        return new, x, (state, new * 2)
+
+
+def test_modules_returning_some_arguments_beside_new_values_are_cached() -> None:
+    carry = Carry()
+
+    def fn(item: tuple[list[float], int]) -> Any:
+        x = torch.tensor(item[0], dtype=torch.float64)
+        h, state = x * 0.5, x + 1  # three objects: the first call's arguments are not aliased
+        outs, kept = [], state
+        for _ in range(item[1]):
+            h, same, (kept, doubled) = carry(h, x, state=state)
+            assert same is x and kept is state  # the same objects, as eagerly
+            outs.append(doubled)
+        state += 1  # in place on a handed-back argument: seen through what the call returned
+        return outs, kept, state
+
+    rng = random.Random(0)
+    items = [([rng.uniform(-1, 1) for _ in range(4)], rng.randint(2, 4)) for _ in range(6)]
+    for scheduler in ("agenda", "depth"):
+        forget()
+        stats = assert_matches_eager(fn, items, carry, scheduler)
+        assert stats.module_misses == {}
+        # two traced calls confirm the template; every later call is one node
+        assert stats.module_calls_traced == 2
+        assert stats.module_calls_cached == sum(n for _, n in items) - 2
+        again = assert_matches_eager(fn, items, carry, scheduler)  # the template kept
+        assert again.module_calls_traced == 0 and again.module_misses == {}
+
+    class Rows(nn.Module):
+        def forward(self, x: Any) -> Any:
+            return carry.lin(x), x
+
+    rows = Rows()
+    lengths = [3, 1, 4, 0, 2]
+    seqs = [torch.randn(n, 4, dtype=torch.float64) for n in lengths]
+
+    def on_rows(x: torch.Tensor) -> Any:
+        y, same = rows(torch.as_tensor(x))
+        return y.sum(0), same is not None
+
+    ragged = assert_matches_eager(on_rows, seqs, carry)
+    assert "Rows: returns one of its arguments (a call on sequences)" in ragged.module_misses
+
+
+def test_a_module_returning_only_arguments_after_recording_ops_is_not_cached() -> None:
+    class Wasteful(nn.Module):
+        def forward(self, x: Any) -> Any:
+            _ = x * 2
+            return x
+
+    wasteful = Wasteful()
+    stats = assert_matches_eager(lambda v: wasteful(torch.tensor(v)) + 1, [[1.0, 2.0]] * 3)
+    assert list(stats.module_misses) == [
+        "Wasteful: returns only its arguments, after recording ops it does not return"
+    ]
+
+
 def test_identity_hands_back_its_input_and_its_hooks_still_run() -> None:
     identity = nn.Identity()
     lin = nn.Linear(3, 3).double()

@@ -146,7 +146,7 @@ class ModuleCache:
         self.hits += 1
         if entry.sig is None:
             return _arguments(entry, args, {})
-        return self._add(entry, inputs)
+        return self._add(entry, inputs, args)
 
     def call(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """``module(*args, **kwargs)`` inside ``batch_map``: a macro node, or traced op by op."""
@@ -166,16 +166,20 @@ class ModuleCache:
         if entry.template is None and entry.reason is None:
             earlier = kept(key, module)  # confirmed by an earlier batch_map
             if earlier is not None:
-                template = earlier.for_store(rec.store.fallbacks)
-                entry.template, entry.confirmed = template, True
+                found = earlier.for_store(rec.store.fallbacks)
+                entry.template, entry.confirmed = found, True
                 name = type(module).__name__
-                entry.sig = self._signature(name, module, args, kwargs, template)
+                entry.sig = self._signature(name, module, args, kwargs, found)
                 _set_outs(entry, list(range(len(earlier.outputs))))
         if entry.confirmed and not own_hooks(module):
             self.hits += 1
             if entry.sig is None:  # hands back some of its arguments, records nothing
                 return _arguments(entry, args, kwargs)
-            return self._add(entry, inputs)
+            lazies: list[Lazy] = []
+            if entry.template is not None and entry.template.handed_back:
+                template(args, lazies)  # in the order of inputs
+                template(kwargs, lazies)
+            return self._add(entry, inputs, lazies)
         if entry.reason is not None or entry.confirmed:
             reason = entry.reason or "it has hooks"
             self.misses[f"{type(module).__name__}: {reason}"] += 1
@@ -217,6 +221,8 @@ class ModuleCache:
         graph = rec.graph
         start = (graph.node_base + graph.pending) << OUT_BITS
         trace = rec.trace = Trace(inputs, start, lengths, flags)
+        template(args, trace.lazies)  # in the order of ``inputs`` (see Recorder.args_key)
+        template(kwargs, trace.lazies)
         state = attribute_state(module)
         try:
             result = ORIGINAL_CALL(module, *args, **kwargs)
@@ -292,7 +298,9 @@ class ModuleCache:
         sig.set_grad_rule(found.grad_rule)
         return sig
 
-    def _add(self, entry: _Entry, inputs: list[int]) -> Any:
+    def _add(self, entry: _Entry, inputs: list[int], lazies: Any) -> Any:
+        """Record a cached call as one node; ``lazies`` are its lazy arguments, in the order
+        of ``inputs`` (read only for those it returns as they are)."""
         rec, sig = self.rec, entry.sig
         assert sig is not None
         if entry.order is not None:
@@ -301,15 +309,17 @@ class ModuleCache:
         single = entry.single
         if single is not None:
             return Lazy(rec, first + single, sig.out_metas[single])
-        return self._outputs(entry, first)
+        return self._outputs(entry, first, lazies)
 
-    def _outputs(self, entry: _Entry, first: int) -> Any:
+    def _outputs(self, entry: _Entry, first: int, lazies: Any) -> Any:
         """The lazy outputs of a cached call recorded as the node whose first value is
-        ``first``, in the structure the call returns."""
+        ``first``, in the structure the call returns, with the arguments it hands back."""
         rec, sig, template = self.rec, entry.sig, entry.template
         assert sig is not None and template is not None
         metas = sig.out_metas
         outs = [Lazy(rec, first + o, metas[o]) for o in entry.outs]
+        for position, k in template.handed_back:  # in order of position
+            outs.insert(position, lazies[k])
         flat = entry.flat
         if flat is None:
             flat = entry.flat = template.structure == (tuple, (None,) * len(outs))

@@ -102,7 +102,7 @@ def call_ragged(
     cache.note_reads(entry, trace)
     found: Any = trace.finish(result, cache.rec.store.fallbacks)
     if not isinstance(found, str):
-        found = ragged_template(found, flags, lengths)
+        found = RETURNS_ARGUMENT if found.handed_back else ragged_template(found, flags, lengths)
     if isinstance(found, str):
         entry.reason = found
     elif entry.ragged is None:
@@ -119,6 +119,7 @@ def call_ragged(
 
 
 EMPTY = "takes a sequence of 0 rows, and no confirmed trace that gives eager's result for it"
+RETURNS_ARGUMENT = "returns one of its arguments (a call on sequences)"
 
 
 class RaggedTemplate(Template):

@@ -38,6 +38,7 @@ class Trace:
         "ragged",
         "read_values",
         "read_tensors",
+        "lazies",
     )
 
     def __init__(
@@ -60,6 +61,7 @@ class Trace:
         # a value into Python (float(w), w.item()), and tensors whose attributes it read
         self.read_values = False
         self.read_tensors: list[Tensor] = []
+        self.lazies: list[Lazy] = []  # the call's lazy arguments, one per input (if known)
 
     def add(self, sig: Signature, inputs: list[int], first: int) -> None:
         """Note a node the call recorded (an op on lazy inputs)."""
@@ -98,14 +100,23 @@ class Trace:
         if not ops and all(where.get(out._vid, (1,))[0] == 0 for out in outs):
             # nothing recorded, arguments handed back (nn.Identity): the same objects again
             return Template([], [where[out._vid] for out in outs], structure, fallbacks)
-        for out in outs:
+        handed_back = []  # (position among the returned values, argument): the same object
+        for position, out in enumerate(outs):
             ref = where.get(out._vid)
-            if ref is None or ref[0] == 0:
-                return "returns one of its arguments or a value made outside it"
+            if ref is None:
+                return "returns a value made outside it"
+            if ref[0] == 0:
+                k = ref[1]
+                if k >= len(self.lazies) or out is not self.lazies[k]:  # in another object
+                    return "returns one of its arguments as another object"
+                handed_back.append((position, ref[1]))
+                continue
             if ops[ref[1]][0].func.__name__ in VIEW_NAMES and ops[ref[1]][1][:1] == ((0, 0),):
                 return "returns a view of an argument"
             refs.append(ref)
-        return Template(ops, refs, structure, fallbacks)
+        if not refs:
+            return "returns only its arguments, after recording ops it does not return"
+        return Template(ops, refs, structure, fallbacks, tuple(handed_back))
 
 
 _DEPTH = 3  # how deep into containers and plain objects a module's attributes are compared
@@ -187,9 +198,13 @@ class Template:
         outputs: list[tuple[Any, ...]],
         structure: Any,
         fallbacks: Fallbacks,
+        handed_back: tuple[tuple[int, int], ...] = (),
     ) -> None:
         self.ops, self.outputs, self.structure = ops, outputs, structure
         self.fallbacks = fallbacks
+        self.handed_back = handed_back
+        """Arguments the call returns as they are: ``(position among the returned values,
+        argument)``, in order of position; ``outputs`` holds the other returned values."""
         self.grad_rule = max((op.grad_rule for op, _, _ in ops), default=NO_GRAD)
         """When the call's outputs require grad: as the op that may most (``Signature.grad_rule``;
         a call of ops that require grad as their inputs do needs grad where an argument does)."""
@@ -250,6 +265,8 @@ def same_ops(a: Any, b: Any, ragged: list[bool] | None = None) -> bool:
     """Whether two templates recorded the same ops on the same values and outputs; an op that
     runs on packed rows (``ragged``) counts as the same for any length of its family."""
     if len(a.ops) != len(b.ops) or a.outputs != b.outputs:
+        return False
+    if getattr(a, "handed_back", ()) != getattr(b, "handed_back", ()):
         return False
     for j, ((sig, refs, payload), (sig2, refs2, payload2)) in enumerate(
         zip(a.ops, b.ops, strict=True)
