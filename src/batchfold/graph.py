@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .signature import NEEDS_GRAD, NO_GRAD, Pending, Signature, Slot, TensorMeta
+from .signature import MIXED_GRAD, NEEDS_GRAD, NO_GRAD, Pending, Signature, Slot, TensorMeta
 
 __all__ = ["OUT_BITS", "OUT_MASK", "Graph", "Pending", "Signature", "Slot", "TensorMeta"]
 
@@ -105,7 +105,12 @@ class Graph:
             pending.members.append(sig.id)
         first = node << OUT_BITS
         rule = sig.grad_rule
-        if rule != NEEDS_GRAD and (rule == NO_GRAD or self.grad_free.issuperset(inputs)):
+        if rule == MIXED_GRAD:
+            free = self.grad_free
+            for o, (needs, reads) in enumerate(sig.out_grad):
+                if not needs and all(inputs[k] in free for k in reads):
+                    free.add(first + o)
+        elif rule != NEEDS_GRAD and (rule == NO_GRAD or self.grad_free.issuperset(inputs)):
             if len(sig.out_metas) == 1:
                 self.grad_free.add(first)
             else:

@@ -20,6 +20,9 @@ INHERITS_GRAD = 1
 NEEDS_GRAD = 2
 """Its outputs may require grad whatever the inputs (the op reads a weight that requires grad,
 or what it runs is not known); the rule of every signature no front end says more of."""
+MIXED_GRAD = 3
+"""Each output has a rule of its own, :attr:`Signature.out_grad` (a cached module call whose
+outputs differ: one reads a weight, another only some of the call's inputs)."""
 
 
 class TensorMeta:
@@ -81,7 +84,8 @@ class Signature:
     is the grad mode its nodes were recorded in (0 no grad, 1 grad; ``None``: the caller's),
     and ``shared`` the outside tensors its template reads, each with the version it had then.
     ``grad_rule`` says when eager PyTorch's outputs would require grad (:data:`NO_GRAD`,
-    :data:`INHERITS_GRAD` or :data:`NEEDS_GRAD`), and ``int_outs`` which outputs never can.
+    :data:`INHERITS_GRAD`, :data:`NEEDS_GRAD` or :data:`MIXED_GRAD` with ``out_grad``), and
+    ``int_outs`` which outputs never can.
     The nodes waiting to run are not kept here but in the graph's :class:`Pending` buffers.
     """
 
@@ -99,6 +103,7 @@ class Signature:
         "source",
         "grad",
         "grad_rule",
+        "out_grad",
         "int_outs",
         "shared",
         "family",
@@ -138,6 +143,7 @@ class Signature:
             if not (m.dtype.is_floating_point or m.dtype.is_complex)
         )
         self.grad_rule = NO_GRAD if len(self.int_outs) == len(out_metas) else NEEDS_GRAD
+        self.out_grad: tuple[tuple[bool, tuple[int, ...]], ...] = ()
         self.shared: tuple[tuple[torch.Tensor, int], ...] = ()
         self.family: Any = None  # a ragged.Family this signature batches with, if any
         self.length = 0  # in a family: the length of its ragged leading dim
@@ -149,6 +155,13 @@ class Signature:
     def set_grad_rule(self, rule: int) -> None:
         """Say when the outputs require grad; outputs of integer dtypes never do."""
         self.grad_rule = NO_GRAD if len(self.int_outs) == len(self.out_metas) else rule
+
+    def set_output_grad(self, out_grad: tuple[tuple[bool, tuple[int, ...]], ...] | None) -> None:
+        """Give each output a rule of its own (:data:`MIXED_GRAD`), ``(needs, reads)``: it
+        requires grad if ``needs`` or if one of the node's inputs at positions ``reads`` does;
+        ``None`` leaves the rule as it is."""
+        if out_grad is not None:
+            self.grad_rule, self.out_grad = MIXED_GRAD, out_grad
 
     def __repr__(self) -> str:
         ins = ", ".join(map(repr, self.in_metas))

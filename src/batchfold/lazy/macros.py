@@ -296,6 +296,7 @@ class ModuleCache:
         )
         sig.shared = found.shared_now()
         sig.set_grad_rule(found.grad_rule)
+        sig.set_output_grad(found.node_grad(len(lazies)))
         return sig
 
     def _add(self, entry: _Entry, inputs: list[int], lazies: Any) -> Any:

@@ -294,6 +294,7 @@ class RaggedMacro:
         for sig in self.members.values():
             sig.shared = self.shared
             sig.set_grad_rule(found.grad_rule)
+            sig.set_output_grad(found.node_grad(len(sig.in_metas)))
         if self.family is not None:
             self.family.replay = found.replay_packed
 
@@ -342,6 +343,7 @@ class RaggedMacro:
             self.graph.families[(RAGGED, id(self))] = self.family
         sig.shared, sig.family, sig.length = self.shared, self.family, length
         sig.set_grad_rule(found.grad_rule)
+        sig.set_output_grad(found.node_grad(len(in_metas)))
         sig.pool, sig.keep = self.family.rep, self.keep
         self.members[lengths] = sig
         return sig

@@ -16,7 +16,7 @@ import torch
 
 from ..execute import Fallbacks, run_op, sources_batch
 from ..graph import Signature
-from ..signature import NO_GRAD
+from ..signature import INHERITS_GRAD, NO_GRAD
 from .lengths import FIXED, ROWS, SQUARE, Guard, class_of, rows_flag
 from .semantics import VIEW_NAMES
 from .sites import version
@@ -213,6 +213,25 @@ class Template:
         return: a replay drops them then, so that over many rows it holds only the values still
         to be read (their memory is reused by the next ops instead of new pages touched)."""
 
+    def node_grad(self, inputs: int) -> tuple[tuple[bool, tuple[int, ...]], ...] | None:
+        """Each output's own grad rule (``Signature.set_output_grad``) for a node of this call
+        with ``inputs`` lazy inputs, or ``None`` where :attr:`grad_rule` gives every output's
+        ``requires_grad`` as eager PyTorch does (all of them read a weight, or all inputs)."""
+        rules = output_grad(self.ops, self.outputs)
+        every = tuple(range(inputs))
+        floats = [
+            r
+            for r, (_, j, o) in zip(rules, self.outputs, strict=True)
+            if o not in self.ops[j][0].int_outs
+        ]
+        if self.grad_rule == NO_GRAD or (
+            all(needs for needs, _ in floats)
+            if self.grad_rule != INHERITS_GRAD
+            else all(not needs and reads == every for needs, reads in floats)
+        ):
+            return None
+        return rules
+
     def for_store(self: _Made, fallbacks: Fallbacks) -> _Made:
         """This template counting its fallback ops in another recorder's ``fallbacks``."""
         made = copy.copy(self)
@@ -242,6 +261,30 @@ class Template:
                 values[j] = None
         outs = [values[j][o] for _, j, o in self.outputs]  # type: ignore[index]
         return outs[0] if self.structure is None else tuple(outs)
+
+
+def output_grad(
+    ops: list[tuple[Signature, tuple[Any, ...], Any]], outputs: list[tuple[Any, ...]]
+) -> tuple[tuple[bool, tuple[int, ...]], ...]:
+    """Per output of a traced call, when eager PyTorch gives it ``requires_grad``: ``(needs,
+    reads)``, always if ``needs`` (an op on its way reads a weight), else if one of the call's
+    inputs at positions ``reads`` requires grad (the inputs the ops on its way read)."""
+    made: dict[tuple[int, int], tuple[bool, frozenset[int]]] = {}
+    for j, (op, refs, _) in enumerate(ops):
+        if op.grad_rule == INHERITS_GRAD:
+            needs, reads = False, frozenset()
+            for r in refs:
+                if r[0] == 0:
+                    reads |= {r[1]}
+                else:
+                    before = made[r[1], r[2]]
+                    needs, reads = needs or before[0], reads | before[1]
+            value = (needs, reads)
+        else:  # NO_GRAD never; NEEDS_GRAD always (as the op's own signature has it)
+            value = (op.grad_rule != NO_GRAD, frozenset())
+        for o in range(len(op.out_metas)):
+            made[j, o] = (False, frozenset()) if o in op.int_outs else value
+    return tuple((n, tuple(sorted(rd))) for n, rd in (made[j, o] for _, j, o in outputs))
 
 
 def _dropped_after(

@@ -1,0 +1,95 @@
+"""Property test: random chains of calls of random modules give eager's values, gradients and
+``requires_grad``, cached or not.
+
+A module computes a few values from its arguments (one reads a weight, one only its inputs, one
+only some of them, one none of them) and returns a random mix of them and of its arguments as
+they are, flat or nested. An instance calls it several times, each call on what earlier ones
+returned, positionally or by keyword, some calls without grad, so that the cached calls of a
+step read inputs with and without grad. Found before: outputs of a cached call that eager gives
+``requires_grad=False`` came back requiring grad.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from batchfold.lazy.kept import forget
+from reference import assert_matches_eager
+
+NEW = 4  # the values a module computes
+
+
+class Mixed(nn.Module):
+    """Returns ``returns``: ``("arg", k)`` its argument ``k`` as it is, ``("new", j)`` the
+    value ``j`` it computes; the first one alone, the rest in a tuple if ``nested``."""
+
+    def __init__(self, returns: list[tuple[str, int]], nested: bool) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3).double()
+        self.returns, self.nested = returns, nested
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> Any:
+        new = [torch.tanh(self.lin(a + c)), a * b, torch.sigmoid(b), torch.ones_like(a)]
+        args = (a, b, c)
+        outs = [args[k] if kind == "arg" else new[k] for kind, k in self.returns]
+        return (outs[0], tuple(outs[1:])) if self.nested and len(outs) > 1 else tuple(outs)
+
+
+def _flat(out: Any) -> list[Any]:
+    """The values of nested tuples, in order (lazy tensors inside ``batch_map``)."""
+    return [v for item in out for v in _flat(item)] if isinstance(out, tuple) else [out]
+
+
+_RETURN = st.one_of(
+    st.tuples(st.just("arg"), st.integers(0, 2)), st.tuples(st.just("new"), st.integers(0, NEW - 1))
+)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    returns=st.lists(_RETURN, min_size=1, max_size=4),
+    nested=st.booleans(),
+    calls=st.lists(
+        st.tuples(st.booleans(), st.booleans(), st.booleans(), st.integers(0, 9)),
+        min_size=1,
+        max_size=5,
+    ),
+    count=st.integers(1, 5),
+    scheduler=st.sampled_from(["agenda", "depth"]),
+)
+def test_random_module_chains_match_eager(
+    returns: list[tuple[str, int]],
+    nested: bool,
+    calls: list[tuple[bool, bool, bool, int]],
+    count: int,
+    scheduler: str,
+) -> None:
+    torch.manual_seed(0)
+    module = Mixed(returns, nested)
+
+    def fn(x: torch.Tensor) -> list[torch.Tensor]:
+        a = torch.as_tensor(x)
+        values = [a, a * 2, a + 1]  # three objects: not aliased in the first call
+        got: list[torch.Tensor] = []
+        for positional, grad, feed, pick in calls:
+            with torch.set_grad_enabled(grad):  # positional: the cache's short path
+                out = module(*values) if positional else module(values[0], values[1], c=values[2])
+            flat = _flat(out)
+            got += flat
+            # the next call's arguments: new objects made from what this one returned, or the
+            # same objects as before in another order (then some may be what it handed back)
+            if feed:
+                values = [flat[(pick + i) % len(flat)] * 1 for i in range(3)]
+            else:
+                values = [values[(pick + i) % 3] for i in range(3)]
+        return got
+
+    items = [torch.randn(3, dtype=torch.float64) for _ in range(count)]
+    needs = any(t.requires_grad for t in fn(items[0]))
+    forget()  # each example traces its module itself
+    assert_matches_eager(fn, items, module if needs else None, scheduler)  # type: ignore[arg-type]
