@@ -484,6 +484,37 @@ def test_modules_returning_some_arguments_beside_new_values_are_cached() -> None
     assert "Rows: returns one of its arguments (a call on sequences)" in ragged.module_misses
 
 
+def test_a_value_a_cached_call_returns_twice_is_one_object_as_eager() -> None:
+    class Twice(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(3, 3).double()
+
+        def forward(self, a: Any) -> Any:
+            t = torch.tanh(self.lin(a))
+            return t, (t * 2, t)
+
+    twice = Twice()
+
+    def fn(x: torch.Tensor) -> list[torch.Tensor]:
+        a, outs = torch.as_tensor(x) * 1, []
+        with torch.no_grad():
+            for _ in range(3):
+                p, (_, q) = twice(a)
+                assert p is q
+                p.mul_(3)  # eagerly q is p: written too
+                outs += [p, q]
+                a = q
+        return outs
+
+    forget()
+    stats = assert_matches_eager(fn, [torch.randn(3, dtype=torch.float64) for _ in range(4)])
+    assert stats.module_calls_cached > 0 and not stats.module_misses
+    rows = [torch.randn(n, 3, dtype=torch.float64) for n in (2, 5, 1, 3)]  # a ragged macro
+    stats = assert_matches_eager(fn, rows)
+    assert stats.module_calls_cached > 0 and not stats.module_misses
+
+
 def test_a_module_returning_only_arguments_after_recording_ops_is_not_cached() -> None:
     class Wasteful(nn.Module):
         def forward(self, x: Any) -> Any:

@@ -2,11 +2,14 @@
 ``requires_grad``, cached or not.
 
 A module computes a few values from its arguments (one reads a weight, one only its inputs, one
-only some of them, one none of them) and returns a random mix of them and of its arguments as
-they are, flat or nested. An instance calls it several times, each call on what earlier ones
-returned, positionally or by keyword, some calls without grad, so that the cached calls of a
-step read inputs with and without grad. Found before: outputs of a cached call that eager gives
-``requires_grad=False`` came back requiring grad.
+only some of them, one none of them, one reads the weight without grad) and returns a random
+mix of them and of its arguments as they are, flat or nested. An instance calls it several
+times, each call on what earlier ones returned, positionally or by keyword, some calls without
+grad, so that the cached calls of a step read inputs with and without grad; some calls take a
+tensor from outside (a bias) as an argument, and some writes go in place into what a call
+returned. Found before: outputs of a cached call that eager gives ``requires_grad=False`` came
+back requiring grad; a value a cached call returns twice came back as two objects, so that a
+write into one did not show in the other.
 """
 
 from __future__ import annotations
@@ -14,14 +17,14 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
 from batchfold.lazy.kept import forget
 from reference import assert_matches_eager
 
-NEW = 4  # the values a module computes
+NEW = 5  # the values a module computes
 
 
 class Mixed(nn.Module):
@@ -34,7 +37,9 @@ class Mixed(nn.Module):
         self.returns, self.nested = returns, nested
 
     def forward(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> Any:
-        new = [torch.tanh(self.lin(a + c)), a * b, torch.sigmoid(b), torch.ones_like(a)]
+        with torch.no_grad():
+            frozen = self.lin(b) * 2  # never requires grad
+        new = [torch.tanh(self.lin(a + c)), a * b, torch.sigmoid(b), torch.ones_like(a), frozen]
         args = (a, b, c)
         outs = [args[k] if kind == "arg" else new[k] for kind, k in self.returns]
         return (outs[0], tuple(outs[1:])) if self.nested and len(outs) > 1 else tuple(outs)
@@ -73,13 +78,17 @@ def test_random_module_chains_match_eager(
     module = Mixed(returns, nested)
 
     def fn(x: torch.Tensor) -> list[torch.Tensor]:
-        a = torch.as_tensor(x)
+        a = torch.as_tensor(x) * 1  # its own memory: eagerly as_tensor would be x itself
         values = [a, a * 2, a + 1]  # three objects: not aliased in the first call
         got: list[torch.Tensor] = []
         for positional, grad, feed, pick in calls:
+            if pick == 9:  # a tensor from outside as an argument
+                values = [values[0], module.lin.bias, values[2]]
             with torch.set_grad_enabled(grad):  # positional: the cache's short path
                 out = module(*values) if positional else module(values[0], values[1], c=values[2])
             flat = _flat(out)
+            if pick == 8 and not flat[0].requires_grad and flat[0] is not module.lin.bias:
+                flat[0].mul_(3)  # in place on a returned value (maybe an argument, as eagerly)
             got += flat
             # the next call's arguments: new objects made from what this one returned, or the
             # same objects as before in another order (then some may be what it handed back)
@@ -90,6 +99,14 @@ def test_random_module_chains_match_eager(
         return got
 
     items = [torch.randn(3, dtype=torch.float64) for _ in range(count)]
-    needs = any(t.requires_grad for t in fn(items[0]))
+    eager = [t for x in items for t in fn(x) if t.requires_grad]
+    needs = bool(eager)
+    if needs:  # a write into a value the backward pass needs: eager refuses it there
+        try:
+            loss = torch.stack([t.sum() for t in eager]).sum()
+            torch.autograd.grad(loss, [*module.parameters()], allow_unused=True)
+        except RuntimeError as error:
+            assume("modified by an inplace operation" not in str(error))
+            raise
     forget()  # each example traces its module itself
     assert_matches_eager(fn, items, module if needs else None, scheduler)  # type: ignore[arg-type]

@@ -319,6 +319,8 @@ class ModuleCache:
         assert sig is not None and template is not None
         metas = sig.out_metas
         outs = [Lazy(rec, first + o, metas[o]) for o in entry.outs]
+        for i, j in template.repeats:
+            outs[i] = outs[j]
         for position, k in template.handed_back:  # in order of position
             outs.insert(position, lazies[k])
         flat = entry.flat

@@ -309,6 +309,8 @@ class RaggedMacro:
         sig = self.members.get(lengths) or self._signature(in_metas, lengths)
         first = self.graph.add(sig, inputs, rec.instance)
         outs = [Lazy(rec, first + o, meta) for o, meta in enumerate(sig.out_metas)]
+        for i, j in self.found.repeats:  # returned twice: the same object, as eagerly
+            outs[i] = outs[j]
         return build(self.found.structure, outs)
 
     def _signature(self, in_metas: tuple[TensorMeta, ...], lengths: tuple[int, ...]) -> Signature:

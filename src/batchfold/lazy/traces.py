@@ -205,6 +205,11 @@ class Template:
         self.handed_back = handed_back
         """Arguments the call returns as they are: ``(position among the returned values,
         argument)``, in order of position; ``outputs`` holds the other returned values."""
+        self.repeats = tuple(
+            (i, outputs.index(ref)) for i, ref in enumerate(outputs) if outputs.index(ref) < i
+        )
+        """Outputs the call returns again (``return t, t``): ``(position in outputs, its first
+        position)``; a cached call returns the same object there, as eager does."""
         self.grad_rule = max((op.grad_rule for op, _, _ in ops), default=NO_GRAD)
         """When the call's outputs require grad: as the op that may most (``Signature.grad_rule``;
         a call of ops that require grad as their inputs do needs grad where an argument does)."""
