@@ -105,6 +105,42 @@ def test_memoised_calls_see_in_place_changes_of_shared_tensors() -> None:
     torch.testing.assert_close(got, [torch.full((3,), 2.0), torch.full((3,), 8.0)])  # as eagerly
 
 
+def test_a_write_into_a_memoised_result_of_one_call_leaves_later_calls_their_own() -> None:
+    weight = torch.randn(3)
+
+    def fn(x: float) -> torch.Tensor:
+        with torch.no_grad():
+            scaled = torch.sigmoid(weight)  # no lazy input: runs at once, memoised
+            scaled.mul_(x)  # in place: eagerly into this call's tensor only
+            again = torch.sigmoid(weight)  # a tensor of its own, as eagerly
+            again[0] = -1.0
+        return (scaled + again) * torch.tensor(1.0)
+
+    got = bf.batch_map(fn, [2.0, 3.0])
+    torch.testing.assert_close(got, [fn(2.0), fn(3.0)])
+
+
+def test_a_write_into_a_memoised_result_that_several_calls_got_is_refused() -> None:
+    weight = torch.randn(3)
+
+    def fn(x: float) -> torch.Tensor:
+        first, second = weight.t(), weight.t()  # eagerly two tensors; here one, memoised
+        second.mul_(x)  # eagerly writes weight through second (a view), never first
+        return first * torch.tensor(1.0)
+
+    with pytest.raises(bf.UnsupportedOpError, match=r"mul_ at .*2 calls got.*\.clone\(\)"):
+        bf.batch_map(fn, [2.0])
+
+    def views(x: float) -> torch.Tensor:
+        with torch.no_grad():
+            copy, other = weight * 1, weight * 1  # two calls, one memoised result
+            copy[0].add_(x)  # into a view of it
+        return other * torch.tensor(1.0)
+
+    with pytest.raises(bf.UnsupportedOpError, match="2 calls got"):
+        bf.batch_map(views, [1.0])
+
+
 def _alias_cases() -> dict[str, Any]:
     def iadd(x: list[float]) -> Any:
         t = torch.tensor(x)

@@ -21,6 +21,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+import batchfold as bf
 from batchfold.lazy.kept import forget
 from reference import assert_matches_eager
 
@@ -65,6 +66,7 @@ _RETURN = st.one_of(
         max_size=5,
     ),
     count=st.integers(1, 5),
+    rows=st.booleans(),
     scheduler=st.sampled_from(["agenda", "depth"]),
 )
 def test_random_module_chains_match_eager(
@@ -72,6 +74,7 @@ def test_random_module_chains_match_eager(
     nested: bool,
     calls: list[tuple[bool, bool, bool, int]],
     count: int,
+    rows: bool,
     scheduler: str,
 ) -> None:
     torch.manual_seed(0)
@@ -98,7 +101,10 @@ def test_random_module_chains_match_eager(
                 values = [values[(pick + i) % 3] for i in range(3)]
         return got
 
-    items = [torch.randn(3, dtype=torch.float64) for _ in range(count)]
+    # vectors, or sequences of rows of any length (0 included): calls on sequences are cached
+    # as ragged macros, one node per call whatever its length
+    shapes = [(i % 4, 3) if rows else (3,) for i in range(count)]
+    items = [torch.randn(shape, dtype=torch.float64) for shape in shapes]
     eager = [t for x in items for t in fn(x) if t.requires_grad]
     needs = bool(eager)
     if needs:  # a write into a value the backward pass needs: eager refuses it there
@@ -109,4 +115,9 @@ def test_random_module_chains_match_eager(
             assume("modified by an inplace operation" not in str(error))
             raise
     forget()  # each example traces its module itself
-    assert_matches_eager(fn, items, module if needs else None, scheduler)  # type: ignore[arg-type]
+    try:
+        assert_matches_eager(fn, items, module if needs else None, scheduler)  # type: ignore[arg-type]
+    except bf.UnsupportedOpError as error:  # a write into a tensor from outside, refused
+        # (a result several calls share, or one a recorded op reads before the write)
+        assume("calls got" not in str(error) and "changed in place before" not in str(error))
+        raise

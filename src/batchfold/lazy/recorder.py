@@ -30,8 +30,8 @@ from . import graphs
 from .dispatch import ORIGINAL_TENSOR
 from .lengths import plain_lengths
 from .macros import ModuleCache
-from .refusals import refuse_hidden
-from .semantics import VIEW_NAMES, is_random
+from .semantics import VIEW_NAMES
+from .shared_calls import READ, SharedCalls
 from .signatures import SignatureMaker
 from .sites import func_name, version
 from .sources import FACTORIES, SourceMaker
@@ -77,7 +77,7 @@ class Recorder(InPlaceWrites, SignatureMaker, TorchFunctionMode):
         self.stats = Stats()
         self.driver = Driver(self.flush, self._set_instance)
         self.sources = SourceMaker(self)
-        self._memo: dict[Any, tuple[Any, ...]] = {}
+        self._shared = SharedCalls()
         self._meta_cache: dict[int, tuple[Tensor, Tensor]] = {}
         self._views_of: dict[int, list[weakref.ref[Lazy]]] = {}  # value id -> its lazy views
         self.trace: Trace | None = None  # the module call being traced, if any
@@ -255,33 +255,14 @@ class Recorder(InPlaceWrites, SignatureMaker, TorchFunctionMode):
         return obj
 
     def _eager(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], key: Any) -> Any:
-        """Run a call on shared tensors at once, memoised so that its result keeps one identity.
-
-        ``W.t()`` called by every instance must be the same tensor each time, or the nodes
-        that read it would get different signatures and never batch. Random calls and calls
-        that write are never memoised; the key holds each tensor's version, so a tensor changed
-        in place gets a fresh result.
-        """
-        name = getattr(func, "__name__", "")
-        in_place = name[-1:] == "_" and name[:1] != "_"
-        if in_place or name in ("__set__", "__setitem__") or is_random(func):
-            if self.trace is not None:
-                self.trace.refuse("makes a random or in-place call on shared tensors")
-            return refuse_hidden(func, args, kwargs)(*args, **kwargs)
-        try:
-            hit = self._memo.get(key)
-        except TypeError:  # an unhashable constant among the arguments
-            if self.trace is not None:
-                self.trace.refuse("calls a function on shared tensors with unhashable arguments")
-            return refuse_hidden(func, args, kwargs)(*args, **kwargs)
-        if hit is None:
-            result = refuse_hidden(func, args, kwargs)(*args, **kwargs)
-            if not isinstance(result, Tensor):
-                if self.trace is not None:  # w.tolist(), w.dim(): a value read into Python
-                    self.trace.read_values = True
-                return result
-            hit = self._memo[key] = (result, args, kwargs)  # the inputs stay alive: ids stay
-        return hit[0]
+        """Run a call on shared tensors at once, memoised (see :mod:`.shared_calls`)."""
+        result, seen = self._shared.call(func, args, kwargs, key)
+        if self.trace is not None and seen:
+            if seen == READ:  # w.tolist(), w.dim(): a value read into Python
+                self.trace.read_values = True
+            else:
+                self.trace.refuse(seen)
+        return result
 
     def release(self) -> None:
         """Drop what the run held, once its results and statistics are out.
@@ -299,7 +280,7 @@ class Recorder(InPlaceWrites, SignatureMaker, TorchFunctionMode):
         if self._context is not None:
             graphs.give_back(self.graph, self._context)
         self.graph, self.store, self.modules, self.trace = Graph(), Executor(), None, None
-        self._memo, self._views_of, self._meta_cache = {}, {}, {}
+        self._shared, self._views_of, self._meta_cache = SharedCalls(), {}, {}
 
     # -- running -------------------------------------------------------------------------------
 

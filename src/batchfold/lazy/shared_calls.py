@@ -1,0 +1,82 @@
+"""Calls on tensors from outside ``batch_map`` (shared tensors), run at once and memoised.
+
+``W.t()`` called by every instance must be the same tensor each time, or the nodes that read
+it would get different signatures and never batch; so a call with no lazy argument runs once
+per key (the function, its arguments, each tensor's version) and later calls get the same
+result. Eagerly each call makes a tensor of its own, which the memo cannot give where the
+result is written in place: a write into a result (or into a view of one) handed to one call
+takes it out of the memo, so that later calls compute their own, and a write into a result
+handed to several calls, which eagerly would change only one of them, is refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..errors import UnsupportedOpError
+from .refusals import refuse_hidden
+from .semantics import is_random
+from .sites import func_name, user_site
+
+Tensor = torch.Tensor
+READ = "read"
+WRITES = "makes a random or in-place call on shared tensors"
+UNHASHABLE = "calls a function on shared tensors with unhashable arguments"
+
+
+class SharedCalls:
+    """The memo of one recorder's calls on shared tensors."""
+
+    def __init__(self) -> None:
+        self.memo: dict[Any, tuple[Any, ...]] = {}
+        # id of a memoised result -> (its key, how many calls it was handed to)
+        self.handed: dict[int, tuple[Any, int]] = {}
+
+    def call(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], key: Any) -> Any:
+        """Run ``func`` on shared tensors, or hand back its memoised result.
+
+        Returns the result and what a module call traced around it must know: why it
+        cannot be cached, :data:`READ` (it read a value into Python) or ``""``.
+        """
+        name = getattr(func, "__name__", "")
+        in_place = (name[-1:] == "_" and name[:1] != "_") or name in ("__set__", "__setitem__")
+        if in_place or is_random(func):
+            if in_place and args and isinstance(args[0], Tensor):
+                self.written(args[0], func)
+            return refuse_hidden(func, args, kwargs)(*args, **kwargs), WRITES
+        try:
+            hit = self.memo.get(key)
+        except TypeError:  # an unhashable constant among the arguments
+            return refuse_hidden(func, args, kwargs)(*args, **kwargs), UNHASHABLE
+        if hit is None:
+            result = refuse_hidden(func, args, kwargs)(*args, **kwargs)
+            if not isinstance(result, Tensor):  # w.tolist(), w.dim(): a value read into Python
+                return result, READ
+            self.memo[key] = (result, args, kwargs)  # the inputs stay alive: ids stay
+            self.handed[id(result)] = (key, 1)
+            return result, ""
+        result = hit[0]
+        key_of, count = self.handed[id(result)]
+        self.handed[id(result)] = (key_of, count + 1)
+        return result, ""
+
+    def written(self, target: Tensor, func: Any) -> None:
+        """``target`` is about to be written in place: if it is (or views) a memoised result,
+        take the result out of the memo, or refuse where several calls got it."""
+        with torch._C.DisableTorchFunction():  # ._base is a getter: not for the recorder
+            base = target._base
+        for tensor in (target, base):
+            if tensor is None or id(tensor) not in self.handed:
+                continue
+            key, count = self.handed.pop(id(tensor))
+            del self.memo[key]
+            if count > 1:
+                raise UnsupportedOpError(
+                    f"{func_name(func)} at {user_site()} writes in place into the result of a "
+                    f"call on tensors from outside batch_map that {count} calls got: batch_map "
+                    "computes such a call once and hands its result to every call with the "
+                    "same arguments, where eagerly each gets a tensor of its own. Write into "
+                    "a copy (.clone()) or out of place."
+                )
