@@ -141,6 +141,32 @@ def test_a_write_into_a_memoised_result_that_several_calls_got_is_refused() -> N
         bf.batch_map(views, [1.0])
 
 
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_function_whose_outputs_share_memory_refuses_writes_into_them(batched: bool) -> None:
+    def shares(x: torch.Tensor) -> Any:  # eagerly the first two are one tensor, the last x
+        t = x.tanh() * 1
+        return t, t, x
+
+    def fresh(x: torch.Tensor) -> Any:
+        return x.tanh(), x * 2
+
+    sharing, new = bf.function(shares, batched=batched), bf.function(fresh, batched=batched)
+    xs = [torch.randn(3) for _ in range(3)]
+
+    def written(f: Any) -> Any:
+        def fn(x: torch.Tensor) -> Any:
+            outs = f(torch.as_tensor(x) * 1)
+            outs[0].mul_(3)  # eagerly seen through what shares its memory
+            return outs
+
+        return fn
+
+    with pytest.raises(bf.UnsupportedOpError, match="writes into a view"):
+        bf.batch_map(written(sharing), xs)
+    assert_matches_eager(written(new), xs)  # nothing shared: the write is recorded
+    assert_matches_eager(lambda x: sharing(torch.as_tensor(x) * 1), xs)  # no write: as ever
+
+
 def _alias_cases() -> dict[str, Any]:
     def iadd(x: list[float]) -> Any:
         t = torch.tensor(x)

@@ -38,6 +38,24 @@ class BatchedFunction:
         out = self.fn(*tree_map(_unsqueeze, args), **tree_map(_unsqueeze, kwargs))
         return tree_map(lambda t: t.squeeze(0) if isinstance(t, Tensor) else t, out)
 
+    def shares_memory(self, targs: Any, tkwargs: Any, in_metas: Any) -> bool:
+        """Whether the function, run once on zeros in place of its lazy arguments (of metas
+        ``in_metas``), returns a tensor that shares memory with an argument or with another
+        output (``x`` itself, a view of it, ``t`` twice): eagerly a write into one is seen
+        through the other."""
+        with torch.no_grad(), torch._C.DisableTorchFunction():
+            zeros = [torch.zeros(m.shape, dtype=m.dtype, device=m.device) for m in in_metas]
+            out = self.eager(*fill(targs, zeros), **fill(tkwargs, zeros))
+            outs = [out] if isinstance(out, Tensor) else [o for o in out if isinstance(o, Tensor)]
+            seen = {t.untyped_storage().data_ptr() for t in zeros if t.numel()}
+            for o in outs:
+                if o.numel():
+                    memory = o.untyped_storage().data_ptr()
+                    if memory in seen:
+                        return True
+                    seen.add(memory)
+        return False
+
     def _batched_call(self, sig: Signature, inputs: list[Tensor], n: int) -> Any:
         args, kwargs = sig.template
         return self.fn(*fill(args, inputs), **fill(kwargs, inputs))

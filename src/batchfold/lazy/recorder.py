@@ -162,11 +162,11 @@ class Recorder(InPlaceWrites, SignatureMaker, TorchFunctionMode):
         if sig.multi is None:
             out = Lazy(self, first, sig.out_metas[0])
             if sig.id in graph.views:
-                self._mark_views((out,), args[0])
+                self._mark_made((out,), func, args, kwargs)
             return out
         outs = [Lazy(self, first + i, meta) for i, meta in enumerate(sig.out_metas)]
         if sig.id in graph.views:
-            self._mark_views(outs, args[0])
+            self._mark_made(outs, func, args, kwargs)
         return tuple(outs) if sig.multi is tuple else sig.multi(outs)
 
     def known(self, func: Any, args: tuple[Any, ...]) -> Lazy | None:

@@ -92,6 +92,8 @@ class SignatureMaker:
         if not isinstance(func, BatchedFunction):  # bf.function's may need grad: unknown
             asked = tkwargs.get("requires_grad") is True  # zeros_like(x, requires_grad=True)
             sig.set_grad_rule(grad_rule(func, mode, sig.shared, asked))
+        elif func.shares_memory(targs, tkwargs, in_metas):
+            self.graph.views.add(sig.id)  # its outputs are marked as views (writes.py)
         if self.ragged:
             join_family(self.graph.families, sig, key)
         # kept for later runs when its key holds no object by identity (see lazy/graphs.py)

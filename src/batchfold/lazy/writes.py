@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..errors import LAZY_AFTER_RUN, DtypeError, LazyValueError, ShapeError, UnsupportedOpError
+from .function import BatchedFunction
+from .inference import template
 from .semantics import in_place_form
 from .sites import func_name, user_site
 from .tensor import Lazy, has_lazy
@@ -44,6 +46,24 @@ class InPlaceWrites:
         def call(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             """Record one call (the recorder's)."""
             ...
+
+    def _mark_made(self, outs: Any, func: Any, args: Any, kwargs: Any) -> None:
+        """Mark the outputs of a view op as views of its first argument, and those of a
+        ``bf.function`` whose code shares memory between what it takes and gives (see
+        ``BatchedFunction.shares_memory``) as views of every lazy argument and of each other:
+        a write into one of them is refused while another is in use."""
+        if type(func) is not BatchedFunction:
+            self._mark_views(outs, args[0])
+            return
+        lazies: list[Lazy] = []
+        template(args, lazies)
+        template(kwargs, lazies)
+        related = {id(x): x for x in (*lazies, *outs)}
+        refs = {k: weakref.ref(x) for k, x in related.items()}
+        for out in outs:
+            out._view = tuple(r for k, r in refs.items() if k != id(out))
+        for k, x in related.items():
+            self._views_of.setdefault(x._vid, []).extend(refs[id(o)] for o in outs if id(o) != k)
 
     def _mark_views(self, outs: Any, base: Any) -> None:
         """Note that ``outs`` may share memory with ``base`` and with what ``base`` views."""
