@@ -205,6 +205,7 @@ class Template:
         self.handed_back = handed_back
         """Arguments the call returns as they are: ``(position among the returned values,
         argument)``, in order of position; ``outputs`` holds the other returned values."""
+        self.node_grads: dict[int, tuple[tuple[bool, tuple[int, ...]], ...] | None] = {}
         self.repeats = tuple(
             (i, outputs.index(ref)) for i, ref in enumerate(outputs) if outputs.index(ref) < i
         )
@@ -221,7 +222,10 @@ class Template:
     def node_grad(self, inputs: int) -> tuple[tuple[bool, tuple[int, ...]], ...] | None:
         """Each output's own grad rule (``Signature.set_output_grad``) for a node of this call
         with ``inputs`` lazy inputs, or ``None`` where :attr:`grad_rule` gives every output's
-        ``requires_grad`` as eager PyTorch does (all of them read a weight, or all inputs)."""
+        ``requires_grad`` as eager PyTorch does (all of them read a weight, or all inputs).
+        Worked out once per template and count (a ragged macro asks for each length)."""
+        if inputs in self.node_grads:
+            return self.node_grads[inputs]
         rules = output_grad(self.ops, self.outputs)
         every = tuple(range(inputs))
         floats = [
@@ -234,7 +238,8 @@ class Template:
             if self.grad_rule != INHERITS_GRAD
             else all(not needs and reads == every for needs, reads in floats)
         ):
-            return None
+            rules = None
+        self.node_grads[inputs] = rules
         return rules
 
     def for_store(self: _Made, fallbacks: Fallbacks) -> _Made:
