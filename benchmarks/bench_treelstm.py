@@ -10,7 +10,9 @@ same code the naive baseline runs, ``tree_node_losses``) through ``batch_map``: 
 ("plain code", module calls recorded as cached traces) and with the cell wrapped in
 ``bf.function`` ("batchfold agenda", "batchfold depth"); and the same model written as blocks
 (``tree_lstm_blocks``, compiled with ``batchfold.blocks.compile``: "batchfold blocks
-agenda", "batchfold blocks depth"), whose loss is the sum of its ``"loss"`` metric. Before
+agenda", "batchfold blocks depth"), whose loss is the sum of its ``"loss"`` metric, and as a
+user writes it in blocks, a ``Function`` per step (``user_blocks.py``: "batchfold blocks
+agenda, as a user writes them"). Before
 timing, every in-process system's loss and gradients are checked against the naive run on a
 few trees of each workload (float64).
 
@@ -69,6 +71,7 @@ from machine import describe_machine, markdown_table, split_percent, split_progr
 from memory import PeakMemory
 from peer_runner import PeerUnavailable, loss_agreement, run_peer, write_trees
 from roofline import Matmul, MatmulRates, flops_fields, roofline
+from user_blocks import user_tree_lstm_blocks
 
 RESULTS = Path(__file__).resolve().parent / "results"
 EMB, HIDDEN, CLASSES = 300, 150, 5
@@ -106,10 +109,17 @@ class BlocksRunner:
     Arguments:
         model: the classifier.
         scheduler: ``"agenda"`` or ``"depth"``.
+        build: makes the blocks from the model (the tuned ``tree_lstm_blocks``, or
+            ``user_tree_lstm_blocks``, a block per step as a user writes them).
     """
 
-    def __init__(self, model: TreeLSTMClassifier, scheduler: Scheduler) -> None:
-        self.compiled = blocks.compile(tree_lstm_blocks(model), scheduler=scheduler)
+    def __init__(
+        self,
+        model: TreeLSTMClassifier,
+        scheduler: Scheduler,
+        build: Callable[[TreeLSTMClassifier], Any] = tree_lstm_blocks,
+    ) -> None:
+        self.compiled = blocks.compile(build(model), scheduler=scheduler)
         self.stats: list[bf.Stats] = []
 
     def __call__(self, trees: Sequence[BinaryTree]) -> torch.Tensor:
@@ -211,6 +221,10 @@ def make_systems(model: TreeLSTMClassifier, quick: bool) -> dict[str, Runner]:
         "batchfold depth": BatchfoldRunner(model, "depth", fused=True),
         "batchfold blocks agenda": BlocksRunner(model, "agenda"),
         "batchfold blocks depth": BlocksRunner(model, "depth"),
+        # the same model as a user writes blocks, a Function per step (user_blocks.py)
+        "batchfold blocks agenda, as a user writes them": BlocksRunner(
+            model, "agenda", user_tree_lstm_blocks
+        ),
         # the per-tree code as written, no bf.function: module calls become cached traces
         "batchfold agenda, plain code": BatchfoldRunner(model, "agenda", fused=False),
         "batchfold depth, plain code": BatchfoldRunner(model, "depth", fused=False),
@@ -528,8 +542,9 @@ def summary(results: dict[str, Any]) -> str:
         "torch.mm's at the sizes of the level-batched run. Peak: the rise of resident memory "
         "during the configuration (DyNet preallocates its pools; see the JSON). batchfold "
         "agenda/depth run per-tree code through `batch_map`; batchfold blocks agenda/depth "
-        "run the same model as compiled blocks. Record us/node: recording time per graph "
-        "node.\n\n" + markdown_table(head, table) + ("\n\n" + notes if notes else "\n")
+        "run the same model as compiled blocks (`tree_lstm_blocks`), and 'as a user writes "
+        "them' as a block per step (`user_blocks.py`). Record us/node: recording time per "
+        "graph node.\n\n" + markdown_table(head, table) + ("\n\n" + notes if notes else "\n")
     )
 
 
