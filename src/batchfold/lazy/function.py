@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 
 from ..graph import Signature
 from ..ops import OpRule, fill
@@ -24,6 +24,7 @@ class BatchedFunction:
         self.batched = batched
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)
         self.rule = OpRule(self.__name__, self._batched_call if batched else self._vmapped_call)
+        self.shares_memory = False  # as its last run for shapes found (see eager_for_shapes)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         rec = active_recorder()
@@ -38,23 +39,25 @@ class BatchedFunction:
         out = self.fn(*tree_map(_unsqueeze, args), **tree_map(_unsqueeze, kwargs))
         return tree_map(lambda t: t.squeeze(0) if isinstance(t, Tensor) else t, out)
 
-    def shares_memory(self, targs: Any, tkwargs: Any, in_metas: Any) -> bool:
-        """Whether the function, run once on zeros in place of its lazy arguments (of metas
-        ``in_metas``), returns a tensor that shares memory with an argument or with another
+    def eager_for_shapes(self, *args: Any, **kwargs: Any) -> Any:
+        """:meth:`eager`, as shape inference runs it once on zeros at a new signature; notes
+        in :attr:`shares_memory` whether an output shares memory with an argument or another
         output (``x`` itself, a view of it, ``t`` twice): eagerly a write into one is seen
         through the other."""
-        with torch.no_grad(), torch._C.DisableTorchFunction():
-            zeros = [torch.zeros(m.shape, dtype=m.dtype, device=m.device) for m in in_metas]
-            out = self.eager(*fill(targs, zeros), **fill(tkwargs, zeros))
-            outs = [out] if isinstance(out, Tensor) else [o for o in out if isinstance(o, Tensor)]
-            seen = {t.untyped_storage().data_ptr() for t in zeros if t.numel()}
-            for o in outs:
-                if o.numel():
+        out = self.eager(*args, **kwargs)
+        with torch._C.DisableTorchFunction():
+            seen = {
+                t.untyped_storage().data_ptr()
+                for t in tree_leaves((args, kwargs))
+                if isinstance(t, Tensor) and t.numel()
+            }
+            self.shares_memory = False
+            for o in tree_leaves(out):
+                if isinstance(o, Tensor) and o.numel():
                     memory = o.untyped_storage().data_ptr()
-                    if memory in seen:
-                        return True
+                    self.shares_memory = self.shares_memory or memory in seen
                     seen.add(memory)
-        return False
+        return out
 
     def _batched_call(self, sig: Signature, inputs: list[Tensor], n: int) -> Any:
         args, kwargs = sig.template
