@@ -114,7 +114,11 @@ def test_a_write_into_a_memoised_result_of_one_call_leaves_later_calls_their_own
             scaled.mul_(x)  # in place: eagerly into this call's tensor only
             again = torch.sigmoid(weight)  # a tensor of its own, as eagerly
             again[0] = -1.0
-        return (scaled + again) * torch.tensor(1.0)
+            shifted = torch.tanh(weight) - 0.5
+            F.leaky_relu(shifted, 0.1, inplace=True)  # a write by keyword (not idempotent)
+            target = torch.cos(weight) * 1
+            torch.add(weight, x, out=target)  # and by out=
+        return (scaled + again + shifted + target) * torch.tensor(1.0)
 
     got = bf.batch_map(fn, [2.0, 3.0])
     torch.testing.assert_close(got, [fn(2.0), fn(3.0)])
@@ -139,6 +143,20 @@ def test_a_write_into_a_memoised_result_that_several_calls_got_is_refused() -> N
 
     with pytest.raises(bf.UnsupportedOpError, match="2 calls got"):
         bf.batch_map(views, [1.0])
+
+    def by_keyword(x: float) -> torch.Tensor:
+        first, second = torch.sigmoid(weight) - x, torch.sigmoid(weight) - x
+        F.relu(second, inplace=True)  # eagerly first keeps its negative entries
+        return first * torch.tensor(1.0)
+
+    def by_out(x: float) -> torch.Tensor:
+        first, second = weight * 2, weight * 2
+        torch.add(weight, x, out=second)
+        return first * torch.tensor(1.0)
+
+    for fn in (by_keyword, by_out):
+        with pytest.raises(bf.UnsupportedOpError, match="2 calls got"):
+            bf.batch_map(fn, [0.5])
 
 
 @pytest.mark.parametrize("batched", [False, True])

@@ -6,7 +6,9 @@ per key (the function, its arguments, each tensor's version) and later calls get
 result. Eagerly each call makes a tensor of its own, which the memo cannot give where the
 result is written in place: a write into a result (or into a view of one) handed to one call
 takes it out of the memo, so that later calls compute their own, and a write into a result
-handed to several calls, which eagerly would change only one of them, is refused.
+handed to several calls, which eagerly would change only one of them, is refused. Writes by
+method (``p.mul_(2)``, ``p[i] = v``) come here through :meth:`SharedCalls.call`, writes by
+keyword (``F.relu(p, inplace=True)``, ``out=p``) through the recorder's ``_in_place_keyword``.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from .tensor import Lazy, has_lazy
 
 if TYPE_CHECKING:
     from ..graph import Graph
+    from .shared_calls import SharedCalls
     from .sources import SourceMaker
     from .traces import Trace
 
@@ -32,11 +33,13 @@ class InPlaceWrites:
     """The recorder's handling of in-place writes (a base class of ``Recorder``).
 
     It uses the recorder's ``call`` (to record the out-of-place op), ``trace`` (a module call
-    being traced refuses writes into tensors from outside it) and ``_views_of`` (value id ->
-    weak references to the lazy tensors that may view it).
+    being traced refuses writes into tensors from outside it), ``_views_of`` (value id ->
+    weak references to the lazy tensors that may view it) and ``_shared`` (the memo of calls
+    on tensors from outside, told of every write into one of them).
     """
 
     _views_of: dict[int, list[weakref.ref[Lazy]]]
+    _shared: SharedCalls
     trace: Trace | None
     graph: Graph
     sources: SourceMaker
@@ -50,7 +53,7 @@ class InPlaceWrites:
     def _mark_made(self, outs: Any, func: Any, args: Any, kwargs: Any) -> None:
         """Mark the outputs of a view op as views of its first argument, and those of a
         ``bf.function`` whose code shares memory between what it takes and gives (see
-        ``BatchedFunction.shares_memory``) as views of every lazy argument and of each other:
+        ``BatchedFunction.eager_for_shapes``) as views of every lazy argument and of each other:
         a write into one of them is refused while another is in use."""
         if type(func) is not BatchedFunction:
             self._mark_views(outs, args[0])
@@ -191,6 +194,8 @@ class InPlaceWrites:
                     f"{name}(..., inplace=True) at {user_site()} writes per-instance values "
                     "into a tensor from outside batch_map; use inplace=False"
                 )
+            if args and isinstance(args[0], torch.Tensor):
+                self._shared.written(args[0], func)
             return func(*args, **kwargs)
         out = kwargs["out"]
         rest = {k: v for k, v in kwargs.items() if k != "out"}
@@ -202,4 +207,7 @@ class InPlaceWrites:
                 "inside the function to take per-instance values; write y = "
                 f"torch.{name}(...) instead"
             )
+        for target in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(target, torch.Tensor):
+                self._shared.written(target, func)
         return func(*args, **kwargs)
