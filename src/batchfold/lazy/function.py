@@ -24,7 +24,6 @@ class BatchedFunction:
         self.batched = batched
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)
         self.rule = OpRule(self.__name__, self._batched_call if batched else self._vmapped_call)
-        self.shares_memory = False  # as its last run for shapes found (see eager_for_shapes)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         rec = active_recorder()
@@ -39,25 +38,30 @@ class BatchedFunction:
         out = self.fn(*tree_map(_unsqueeze, args), **tree_map(_unsqueeze, kwargs))
         return tree_map(lambda t: t.squeeze(0) if isinstance(t, Tensor) else t, out)
 
-    def eager_for_shapes(self, *args: Any, **kwargs: Any) -> Any:
-        """:meth:`eager`, as shape inference runs it once on zeros at a new signature; notes
-        in :attr:`shares_memory` whether an output shares memory with an argument or another
-        output (``x`` itself, a view of it, ``t`` twice): eagerly a write into one is seen
-        through the other."""
-        out = self.eager(*args, **kwargs)
-        with torch._C.DisableTorchFunction():
-            seen = {
-                t.untyped_storage().data_ptr()
-                for t in tree_leaves((args, kwargs))
-                if isinstance(t, Tensor) and t.numel()
-            }
-            self.shares_memory = False
-            for o in tree_leaves(out):
-                if isinstance(o, Tensor) and o.numel():
-                    memory = o.untyped_storage().data_ptr()
-                    self.shares_memory = self.shares_memory or memory in seen
-                    seen.add(memory)
-        return out
+    def eager_for_shapes(self, shared: list[bool]) -> Callable[..., Any]:
+        """:meth:`eager`, as shape inference runs it once on zeros at a new signature, noting
+        in ``shared`` whether an output shares memory with an argument or with another output
+        (``x`` itself, a view of it, ``t`` twice): eagerly a write into one is seen through the
+        other."""
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            out = self.eager(*args, **kwargs)
+            with torch._C.DisableTorchFunction():
+                seen = {
+                    t.untyped_storage().data_ptr()
+                    for t in tree_leaves((args, kwargs))
+                    if isinstance(t, Tensor) and t.numel()
+                }
+                found = False
+                for o in tree_leaves(out):
+                    if isinstance(o, Tensor) and o.numel():
+                        memory = o.untyped_storage().data_ptr()
+                        found = found or memory in seen
+                        seen.add(memory)
+            shared.append(found)
+            return out
+
+        return run
 
     def _batched_call(self, sig: Signature, inputs: list[Tensor], n: int) -> Any:
         args, kwargs = sig.template

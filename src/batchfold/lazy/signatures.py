@@ -62,8 +62,9 @@ class SignatureMaker:
         name = func_name(func)
         refuse_unrecordable(name, func, args, kwargs, Lazy, site)
         device = check_inputs(name, site, in_metas, (targs, tkwargs))
+        shared: list[bool] = []  # a bf.function's: whether its outputs share memory
         if isinstance(func, BatchedFunction):
-            rule, eager = func.rule, func.eager_for_shapes
+            rule, eager = func.rule, func.eager_for_shapes(shared)
         else:
             rule, eager = rule_for(func, targs, tkwargs, in_metas), None
         multi, outs = infer_outputs(
@@ -92,7 +93,7 @@ class SignatureMaker:
         if not isinstance(func, BatchedFunction):  # bf.function's may need grad: unknown
             asked = tkwargs.get("requires_grad") is True  # zeros_like(x, requires_grad=True)
             sig.set_grad_rule(grad_rule(func, mode, sig.shared, asked))
-        elif func.shares_memory:  # as its run for shapes above found
+        elif any(shared):  # as its run for shapes above found
             self.graph.views.add(sig.id)  # its outputs are marked as views (writes.py)
         if self.ragged:
             join_family(self.graph.families, sig, key)
