@@ -336,7 +336,7 @@ def run(quick: bool, threads: int, size: int, device: str = "cpu") -> dict[str, 
     rng = random.Random(0)
     on = torch.device(device)
     rows = []
-    count, repeats = (2, 1) if quick else (3, 2)
+    count, repeats = (2, 1) if quick else (4, 4)  # rounds after the first are timed
     for name, (model, per_instance, make) in workloads(quick, rng, on).items():
         loss_systems = systems(per_instance)
         check(model, loss_systems, make(8, 1)[0])

@@ -8,6 +8,7 @@ parameter. :class:`Executor` keeps the outputs of every segment run so far.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -55,6 +56,9 @@ class Executor:
         self.fallbacks = Fallbacks()
         self.chunks: dict[tuple[int, int], tuple[Tensor, ...]] = {}  # (step, output) -> fanout
         self.packed: dict[tuple[int, int], np.ndarray] = {}  # (step, output) -> row offsets
+        # packed outputs of [L, L, *rest] values, each node's L * L rows of [*rest] (see
+        # _square_rows): a reader takes them as the L rows of [L, *rest] it expects
+        self.square: set[tuple[int, int]] = set()
         # (step, output) of a packed fanout -> each chunk's row offsets
         self.chunk_offsets: dict[tuple[int, int], list[np.ndarray]] = {}
         self.profile: Profile | None = None  # set to time every step
@@ -72,7 +76,8 @@ class Executor:
         tensor = self.outputs[step][v & OUT_MASK]
         offsets = self.packed.get((step, v & OUT_MASK)) if self.packed else None
         if offsets is not None:
-            return tensor[int(offsets[row]) : int(offsets[row + 1])]
+            value = tensor[int(offsets[row]) : int(offsets[row + 1])]
+            return _square(value) if (step, v & OUT_MASK) in self.square else value
         return tensor[row]
 
     def number(self, v: int) -> Any:
@@ -89,13 +94,15 @@ class Executor:
     def values(self, vids: list[int]) -> list[Tensor]:
         """The tensors of many computed values: one gather per step output, then unbound."""
         result: list[Tensor | None] = [None] * len(vids)
-        for group, tensor, offsets, rows in self._by_output(np.asarray(vids, dtype=np.int64)):
+        for group, tensor, offsets, rows, key in self._by_output(np.asarray(vids, dtype=np.int64)):
             if offsets is None:
                 pieces = self._in_order(tensor, rows).unbind(0)
             else:
                 starts, ends = offsets[rows], offsets[rows + 1]
                 index = torch.from_numpy(expand_rows(starts, ends - starts)).to(tensor.device)
                 pieces = tensor.index_select(0, index).split((ends - starts).tolist())
+                if key in self.square:
+                    pieces = tuple(map(_square, pieces))
             for position, value in zip(group.tolist(), pieces, strict=True):
                 result[position] = value
         return result  # type: ignore[return-value]
@@ -106,7 +113,7 @@ class Executor:
         One slice (rows in order) or gather per step output, then one permutation.
         """
         parts, order = [], []
-        for group, tensor, offsets, rows in self._by_output(ids):
+        for group, tensor, offsets, rows, _ in self._by_output(ids):
             if offsets is not None:  # rows of different lengths: no one stacked tensor
                 raise ValueError("Executor.rows reads values of one shape; these are packed")
             order.append(group)
@@ -129,11 +136,11 @@ class Executor:
 
     def _by_output(
         self, ids: np.ndarray
-    ) -> Iterator[tuple[np.ndarray, Tensor, np.ndarray | None, np.ndarray]]:
+    ) -> Iterator[tuple[np.ndarray, Tensor, np.ndarray | None, np.ndarray, tuple[int, int]]]:
         """Value ids grouped by the step output holding them.
 
         Yields, per output: the positions in ``ids``, the output tensor, its packed row
-        offsets (``None`` unless packed) and each value's row.
+        offsets (``None`` unless packed), each value's row, and ``(step, output)``.
         """
         nodes = ids >> OUT_BITS
         steps, rows = self.node_step[nodes], self.node_row[nodes]
@@ -142,7 +149,7 @@ class Executor:
         for group in np.split(order, np.flatnonzero(np.diff(source[order])) + 1):
             step, output = int(steps[group[0]]), int(ids[group[0]] & OUT_MASK)
             offsets = self.packed.get((step, output)) if self.packed else None
-            yield group, self.outputs[step][output], offsets, rows[group]
+            yield group, self.outputs[step][output], offsets, rows[group], (step, output)
 
     def run(self, plan: Plan) -> None:
         """Run every step of ``plan`` and record where the segment's nodes landed."""
@@ -168,6 +175,8 @@ class Executor:
                 for j, ragged in enumerate(step.sig.family.ragged_out):
                     if ragged:
                         self.packed[step.index, j] = offsets
+                if step.sig.family.kind == "square":
+                    self.square.add((step.index, 0))
             for fanout in step.fanouts:
                 out, key = outs[fanout.output], (step.index, fanout.output)
                 offsets = self.packed.get(key) if self.packed else None
@@ -208,7 +217,8 @@ class Executor:
         inputs, sizes = [], {}
         for j, gather in enumerate(step.gathers):
             if j in secondary:
-                x, sizes[j] = self._gather_rows(gather, with_sizes=True)
+                row_shape = step.sig.in_metas[j].shape[1:]
+                x, sizes[j] = self._gather_rows(gather, row_shape=row_shape, with_sizes=True)
                 inputs.append(x)
             else:
                 inputs.append(self._gather(gather, step, j))
@@ -243,8 +253,10 @@ class Executor:
     def _gather(self, gather: Gather, step: Step, slot: int) -> Tensor:
         ragged = step.lengths is not None and step.sig.family.ragged_in[slot]
         if ragged or (self.packed and self._reads_packed(gather)):
-            x = self._gather_rows(gather, flat=ragged and slot == step.sig.family.square)
-            return x if ragged else x.view(len(step.nodes), *step.sig.in_metas[slot].shape)
+            shape = step.sig.in_metas[slot].shape
+            flat = ragged and slot == step.sig.family.square
+            x = self._gather_rows(gather, flat, row_shape=shape[1:])
+            return x if ragged else x.view(len(step.nodes), *shape)
         pieces = []
         for part in gather.parts:
             outputs = self.outputs[part[0]]
@@ -266,22 +278,36 @@ class Executor:
         return any((part[0], part[1]) in packed for part in gather.parts)
 
     @overload
-    def _gather_rows(self, gather: Gather, flat: bool = ...) -> Tensor: ...
+    def _gather_rows(
+        self, gather: Gather, flat: bool = ..., *, row_shape: tuple[int, ...]
+    ) -> Tensor: ...
     @overload
     def _gather_rows(
-        self, gather: Gather, flat: bool = ..., *, with_sizes: Literal[True]
+        self,
+        gather: Gather,
+        flat: bool = ...,
+        *,
+        row_shape: tuple[int, ...],
+        with_sizes: Literal[True],
     ) -> tuple[Tensor, np.ndarray]: ...
     def _gather_rows(
-        self, gather: Gather, flat: bool = False, *, with_sizes: bool = False
+        self,
+        gather: Gather,
+        flat: bool = False,
+        *,
+        row_shape: tuple[int, ...],
+        with_sizes: bool = False,
     ) -> Tensor | tuple[Tensor, np.ndarray]:
-        """A gather's values as rows: each node's value, leading dim first, concatenated.
+        """A gather's values as rows of ``row_shape``: each node's value, leading dim first,
+        concatenated.
 
         ``flat``: each value's elements instead of its rows (values of different shapes).
         """
         pieces, lengths = [], []
         for part in gather.parts:
+            key = (part[0], part[1])
             if len(part) == 3 and type(part[2]) is int:  # a fanout chunk: its rows in order
-                key, j = (part[0], part[1]), part[2]
+                j = part[2]
                 source = self.chunks[key][j]
                 chunk_offsets = self.chunk_offsets.get(key)
                 offsets = None if chunk_offsets is None else chunk_offsets[j]
@@ -289,12 +315,16 @@ class Executor:
                 in_order = True
             else:
                 source = self.outputs[part[0]][part[1]]
-                offsets = self.packed.get((part[0], part[1]))
+                offsets = self.packed.get(key)
                 rows = np.arange(part[2], part[3]) if len(part) == 4 else cast(np.ndarray, part[2])
                 in_order = len(part) == 4  # consecutive rows: a view, no copy
             if offsets is None:  # one node per row of [n, L, *rest]
                 width = source[0].numel() if flat else source.shape[1]
-                source = source.reshape(-1) if flat else source.reshape(-1, *source.shape[2:])
+                # sizes, not -1: a value may have no elements ([0, 0])
+                if flat:
+                    source = source.reshape(len(source) * width)
+                else:
+                    source = source.reshape(len(source) * width, *source.shape[2:])
                 starts, size = rows * width, np.full(len(rows), width, dtype=np.int64)
             else:
                 starts = offsets[rows]
@@ -303,10 +333,13 @@ class Executor:
                     width = source[0].numel()
                     source, starts, size = source.reshape(-1), starts * width, size * width
             if in_order and len(rows):
-                pieces.append(source[int(starts[0]) : int(starts[-1] + size[-1])])
+                piece = source[int(starts[0]) : int(starts[-1] + size[-1])]
             else:
                 index = torch.from_numpy(expand_rows(starts, size)).to(source.device)
-                pieces.append(source.index_select(0, index))
+                piece = source.index_select(0, index)
+            if not flat and key in self.square:
+                piece, size = _square_rows(piece, size, row_shape)
+            pieces.append(piece)
             lengths.append(size)
         x = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
         size = np.concatenate(lengths)
@@ -318,10 +351,28 @@ class Executor:
         return (x, size) if with_sizes else x
 
 
+def _square(value: Tensor) -> Tensor:
+    """One node's ``[L * L, *rest]`` rows of a packed square output as its ``[L, L, *rest]``."""
+    side = math.isqrt(len(value))
+    return value.view(side, side, *value.shape[1:])
+
+
+def _square_rows(
+    piece: Tensor, size: np.ndarray, row_shape: tuple[int, ...]
+) -> tuple[Tensor, np.ndarray]:
+    """Nodes' ``L * L`` rows each of a packed square output (``[sum L * L, *rest]``) as the
+    ``L`` rows of ``row_shape`` (``[L, *rest]``) each that their reader takes."""
+    sides = np.rint(np.sqrt(size)).astype(np.int64)  # exact: every size is a square
+    return piece.reshape(int(sides.sum()), *row_shape), sides
+
+
 def sources_batch(sig: Signature, payloads: list[Any], lengths: np.ndarray | None = None) -> Tensor:
-    """Stack the payloads of a source step into one tensor (packed if ragged)."""
+    """Stack the payloads of a source step into one tensor (packed if ragged; a square
+    family's ``[L, L, *rest]`` payloads as ``[sum L * L, *rest]``)."""
     meta = sig.out_metas[0]
     if lengths is not None:
+        if sig.family is not None and sig.family.kind == "square":
+            return torch.cat([p.reshape(-1, *p.shape[2:]) for p in payloads])
         return torch.cat(payloads)
     if sig.source == "scalar":
         return _TENSOR(payloads, dtype=meta.dtype, device=meta.device)

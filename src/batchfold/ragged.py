@@ -56,8 +56,10 @@ class Family:
     ``"mv"`` (``[L, d] @ [d]``), ``"macro"`` (a module call's traced ops, see
     ``lazy.ragged_macros``), ``"weighted"`` (``[L] @ [L, d]``), ``"blockdiag"``
     (``[L, L] @ [L, d]`` or ``[L, L] @ [L]``: an adjacency times states), a segment reduction
-    (``"sum"``, ``"mean"``, ``"amax"``, ``"logsumexp"``, ``"softmax"``, ``"log_softmax"``)
-    or ``"source"`` (per-instance tensors to concatenate). ``ragged_in`` and ``ragged_out``
+    (``"sum"``, ``"mean"``, ``"amax"``, ``"logsumexp"``, ``"softmax"``, ``"log_softmax"``),
+    ``"source"`` (per-instance tensors to concatenate) or ``"square"`` (per-instance tensors
+    ``[L, L, *rest]``, such as an adjacency, packed as ``[sum L * L, *rest]``: one step for
+    every ``L``; see ``Executor``). ``ragged_in`` and ``ragged_out``
     say which inputs and outputs have the ragged leading dim; ``rep`` is the first member's
     signature id, which the scheduler groups by (renumbered with it when a graph is kept for
     another run: ``Graph.retire``). Families compare by identity.
@@ -157,8 +159,14 @@ def join_family(families: dict[Any, Family], sig: Signature, key: Any) -> None:
         meta = sig.out_metas[0]
         if sig.source != "tensor" or not meta.shape:
             return
-        found = ("source", (), (True,), meta.shape[0])
+        shape = meta.shape
+        found = ("source", (), (True,), shape[0])
         fkey: Any = ("source", ragged_meta(meta))
+        # [L, L, *rest] (an adjacency): packed flat, L * L rows each, unless sequences [n, L,
+        # *rest] came first (a sequence as long as its rows are wide batches with them)
+        if len(shape) >= 2 and shape[0] == shape[1] and fkey not in families:
+            found = ("square", (), (True,), shape[0] * shape[0])
+            fkey = ("square", shape[2:], meta.dtype, meta.device)
     else:
         found = classify(sig.func, sig.rule, sig.template, sig.in_metas, sig.out_metas)
         if found is None or (found[0] in COPIES_OF_VIEWS and sig.grad != 1):
