@@ -6,8 +6,9 @@ runs two ways on the same model weights and the same sentences, in one process:
 * **one at a time**: plain eager PyTorch, sentence after sentence; for training, the
   sentences' losses are summed and one backward pass and one SGD step follow, as DyNet
   without autobatching does with a minibatch.
-* **batch_map**: the batch's sentences recorded together and run batched (agenda
-  scheduler); greedy parsing batches across its per-transition reads (sync points).
+* **batch_map**: the batch's sentences recorded together and run batched, with the agenda
+  scheduler (the default) and, beside it, the depth one; greedy parsing batches across its
+  per-transition reads (sync points).
 * **DyNet** (training, where ``benchmarks/setup_peers.sh`` installed it): the same tagger
   and parser at the same sizes on the same sentences and gold transitions, with autobatching
   off, agenda and depth (``peers/dynet_tagger.py``, ``peers/dynet_parser.py``; DyNet's own
@@ -48,11 +49,12 @@ from batchfold.data.ud import build_vocabs, load_ud
 from batchfold.models.parser import ArcHybridParser, feature_positions, parse, sentence_loss
 from batchfold.models.tagger import BiLSTMTagger, sentence_losses
 from batchfold.models.transitions import ArcHybrid, oracle_transitions
+from batchfold.schedule import Scheduler
 from machine import describe_machine, markdown_table
 from peer_runner import PeerUnavailable, run_peer
 
 RESULTS = Path(__file__).resolve().parent / "results"
-MODES = ("one at a time", "batch_map")
+MODES = ("one at a time", "batch_map", "batch_map depth")  # batch_map: the agenda scheduler
 DYNET_MODES = ("none", "agenda", "depth")
 
 
@@ -65,10 +67,13 @@ class SentenceRunner:
         self.per_sentence, self.combine = per_sentence, combine
         self.stats: bf.Stats | None = None
         self.batched = False
+        self.scheduler: Scheduler = "agenda"
 
     def __call__(self, batch: Sequence[Sentence]) -> Any:
         if self.batched:
-            results, self.stats = bf.batch_map(self.per_sentence, batch, return_stats=True)
+            results, self.stats = bf.batch_map(
+                self.per_sentence, batch, scheduler=self.scheduler, return_stats=True
+            )
         else:
             results = [self.per_sentence(s) for s in batch]
         return self.combine(results)
@@ -116,7 +121,7 @@ def row(task: str, size: int, mode: str, timing: Timing, runner: SentenceRunner)
         "median_s": timing.median_s,
         "times_s": timing.times,
     }
-    if mode == "batch_map" and runner.stats is not None:
+    if mode != "one at a time" and runner.stats is not None:
         stats = runner.stats
         out.update(
             record_s=stats.record_s,
@@ -240,7 +245,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             batches = _batches(sentences, size, args.batches)
             runner = SentenceRunner(per_sentence, combine)
             for mode in MODES:
-                runner.batched = mode == "batch_map"
+                runner.batched = mode != "one at a time"
+                runner.scheduler = "depth" if mode == "batch_map depth" else "agenda"
                 timing = measure(
                     runner, list(model.parameters()), batches, training, args.warmup, args.repeats
                 )
@@ -300,6 +306,7 @@ def summary(results: dict[str, Any]) -> str:
             else ""
         )
         dynet = [by_key.get((r["task"], r["batch_size"], f"dynet {m}")) for m in DYNET_MODES]
+        depth = by_key.get((r["task"], r["batch_size"], "batch_map depth"))
         table.append(
             [
                 r["task"],
@@ -307,6 +314,9 @@ def summary(results: dict[str, Any]) -> str:
                 f"{one['sentences_per_s']:.1f}",
                 f"{r['sentences_per_s']:.1f}",
                 f"{r['sentences_per_s'] / one['sentences_per_s']:.1f}x",
+                f"{depth['sentences_per_s']:.1f} ({depth['steps']} / {r['steps']})"
+                if depth
+                else "",
                 " / ".join(f"{d['sentences_per_s']:.1f}" for d in dynet if d) if any(dynet) else "",
                 r.get("syncs", ""),
                 split,
@@ -316,8 +326,9 @@ def summary(results: dict[str, Any]) -> str:
         "task",
         "batch",
         "one at a time, sentences/s",
-        "batch_map, sentences/s",
+        "batch_map (agenda), sentences/s",
         "speedup",
+        "batch_map depth, sentences/s (steps, depth / agenda)",
         "DyNet none / agenda / depth, sentences/s",
         "syncs",
         "record / schedule / execute-forward, % of step",
