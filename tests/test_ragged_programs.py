@@ -3,7 +3,8 @@
 Each instance is a ``[L, DIM]`` sequence (L from 0 up); a program is a list of instructions
 over registers holding per-instance sequences and vectors, mixing ops with ragged rules
 (row-wise, segment reductions, softmax over rows, products with a per-instance vector or an
-adjacency, recurrent layers, cached module calls, picks of a row) with ops that batch by
+adjacency, per-instance ``[L, L]`` and ``[L, L, DIM]`` tensors given as they are, recurrent
+layers, cached module calls, picks of a row) with ops that batch by
 shape (``flip``, ``cumsum``), in-place writes and grad-mode switches. Ops that need a row are
 skipped on empty sequences, so instances of different lengths differ in structure too.
 Values and parameter gradients are compared in float64, with both schedulers.
@@ -89,6 +90,9 @@ KINDS = [
     "masked_fill_rows",
     "clamp_rows",
     "sort_features",
+    "square_source",
+    "square_rows",
+    "pair_source",
     *ROW_KINDS,
 ]
 
@@ -189,6 +193,16 @@ def run(program: list[tuple[str, int, int]], x: torch.Tensor, shared: Shared) ->
         elif kind == "max_rows":  # values and the row each came from
             values, rows = seqs[b].max(0)
             vecs[a] = vecs[a] + values * torch.cos(rows.to(values.dtype))
+        elif kind == "square_source":  # a per-instance [L, L] given as it is: one packed source
+            first = x[:, :1]
+            seqs[a] = torch.as_tensor(torch.sigmoid(first * first.t())) @ seqs[b]
+        elif kind == "square_rows":  # its rows read as rows, and the whole of it
+            adjacency = torch.as_tensor(torch.cos(x[:, :1] - x[:, 1:2].t()))
+            seqs[a] = torch.softmax(adjacency, -1) @ seqs[b] + adjacency.sum(1, keepdim=True)
+            vecs[a] = vecs[a] + adjacency.abs().sum()
+        elif kind == "pair_source":  # per-instance pair features [L, L, DIM]
+            pairs = torch.as_tensor(torch.sin(x.unsqueeze(0) + 2 * x.unsqueeze(1)))
+            seqs[a] = pairs.sum(1) * seqs[b] + pairs[:, :1].sum(1)
         elif kind == "argmax_pick":  # a position read from a value (a sync point), then picked
             # read from the input itself: computed values can tie to within rounding
             vecs[a] = vecs[a] + seqs[b][int(h[:, a].argmax())]
@@ -246,3 +260,16 @@ def test_an_ill_conditioned_program_is_held_to_eagers_own_rounding() -> None:
     ill = rounding_floor(lambda x: run(program, x, shared), xs, params)
     plain = rounding_floor(lambda x: run([("tanh", 0, 1)], x, shared), xs, params)
     assert max(ill) > 1e-7 and max(plain) < 1e-12
+
+
+@pytest.mark.usefixtures("float64")
+def test_a_square_source_read_flat_where_an_instance_has_no_rows() -> None:
+    """Found by the fuzzer: with a length of 0 beside a length of 1, the product with the
+    per-instance ``[L, L]`` read a chunk of no rows of the packed square source, and took the
+    size of a row from its first row."""
+    program = [("adjacency", 1, 0), ("gru", 0, 0), ("square_source", 0, 0)]
+    torch.manual_seed(0)
+    shared = Shared()
+    xs = [torch.randn(n, DIM) for n in (0, 1)]
+    for scheduler in ("agenda", "depth"):
+        assert_matches_eager(lambda x: run(program, x, shared), xs, shared, scheduler)

@@ -319,7 +319,7 @@ class Executor:
                 rows = np.arange(part[2], part[3]) if len(part) == 4 else cast(np.ndarray, part[2])
                 in_order = len(part) == 4  # consecutive rows: a view, no copy
             if offsets is None:  # one node per row of [n, L, *rest]
-                width = source[0].numel() if flat else source.shape[1]
+                width = math.prod(source.shape[1:]) if flat else source.shape[1]
                 # sizes, not -1: a value may have no elements ([0, 0])
                 if flat:
                     source = source.reshape(len(source) * width)
@@ -329,8 +329,8 @@ class Executor:
             else:
                 starts = offsets[rows]
                 size = offsets[rows + 1] - starts
-                if flat:
-                    width = source[0].numel()
+                if flat:  # the rows' elements (a fanout's chunk may have no rows)
+                    width = math.prod(source.shape[1:])
                     source, starts, size = source.reshape(-1), starts * width, size * width
             if in_order and len(rows):
                 piece = source[int(starts[0]) : int(starts[-1] + size[-1])]

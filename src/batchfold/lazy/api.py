@@ -77,7 +77,10 @@ def batch_map(
         fn: the per-instance function; it may return tensors or nested lists, tuples and dicts
             of them.
         instances: the inputs, one per call of ``fn``.
-        scheduler: ``"agenda"`` or ``"depth"``; both give the same values.
+        scheduler: ``"agenda"`` or ``"depth"``; both give the same values. Agenda batches
+            more where one op sits at many depths (per-step recurrences, transition
+            systems); depth schedules faster and runs a little faster on trees and on code
+            over whole sequences (README, "Which scheduler").
         return_stats: also return the run's :class:`~batchfold.stats.Stats`.
         cache_modules: record each ``nn.Module`` call as one node once two calls with the
             same key recorded the same ops (see :mod:`batchfold.lazy.macros`); ``False``
