@@ -372,7 +372,7 @@ def sources_batch(sig: Signature, payloads: list[Any], lengths: np.ndarray | Non
     meta = sig.out_metas[0]
     if lengths is not None:
         if sig.family is not None and sig.family.kind == "square":
-            return torch.cat([p.reshape(-1, *p.shape[2:]) for p in payloads])
+            return torch.cat([p.reshape(p.shape[0] * p.shape[1], *p.shape[2:]) for p in payloads])
         return torch.cat(payloads)
     if sig.source == "scalar":
         return _TENSOR(payloads, dtype=meta.dtype, device=meta.device)
