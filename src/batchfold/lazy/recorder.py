@@ -23,7 +23,7 @@ from ..errors import (
     UnsupportedOpError,
 )
 from ..execute import Executor
-from ..graph import OUT_BITS, Graph
+from ..graph import OUT_BITS, Graph, Signature
 from ..schedule import Scheduler, schedule
 from ..stats import Stats
 from . import graphs
@@ -159,32 +159,50 @@ class Recorder(InPlaceWrites, SignatureMaker, TorchFunctionMode):
         first = graph.add(sig, inputs, self.instance)
         if self.trace is not None:
             self.trace.add(sig, inputs, first)
+        return self._outputs(sig, first, func, args, kwargs)
+
+    def _outputs(
+        self, sig: Signature, first: int, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """The lazy output(s) of the node of ``sig`` whose first value is ``first``; a view
+        op's are marked as views of its first argument."""
         if sig.multi is None:
             out = Lazy(self, first, sig.out_metas[0])
-            if sig.id in graph.views:
+            if sig.id in self.graph.views:
                 self._mark_made((out,), func, args, kwargs)
             return out
         outs = [Lazy(self, first + i, meta) for i, meta in enumerate(sig.out_metas)]
-        if sig.id in graph.views:
+        if sig.id in self.graph.views:
             self._mark_made(outs, func, args, kwargs)
         return tuple(outs) if sig.multi is tuple else sig.multi(outs)
 
-    def known(self, func: Any, args: tuple[Any, ...]) -> Lazy | None:
-        """The common call on a fast path: lazy positional arguments only, and a signature of
-        one output (not a view) made for it already. Its lazy output, or ``None``: then the
-        general path, which makes the same key."""
-        metas, inputs = [], []
+    def known(self, func: Any, args: tuple[Any, ...]) -> Any:
+        """The common call on a fast path: positional arguments that are lazy or Python
+        numbers (``h.sum(0)``, ``torch.softmax(e, 0)``, ``x * 0.5``, ``h.unsqueeze(-1)``), and
+        a signature made for it already. Its lazy output(s), or ``None``: then the general
+        path, which makes the same key (:meth:`args_key`'s parts)."""
+        metas: list[Any] = []
+        inputs: list[int] = []
         for a in args:
-            if type(a) is not Lazy or a._rec is not self:
+            kind = type(a)
+            if kind is Lazy:
+                if a._rec is not self:
+                    return None
+                metas.append(a._meta)
+                inputs.append(a._vid)
+            elif kind is int or kind is float or kind is bool:
+                metas.append((kind, a))
+            else:
                 return None
-            metas.append(a._meta)
-            inputs.append(a._vid)
         mode = 2 if _inference_mode() else 1 if _grad_enabled() else 0  # grad_mode(), inline
         graph = self.graph
         sig = graph.lookup((func, tuple(metas), mode))
-        if not inputs or sig is None or sig.multi is not None or sig.id in graph.views:
+        if not inputs or sig is None:
             return None
-        return Lazy(self, graph.add(sig, inputs, self.instance), sig.out_metas[0])
+        first = graph.add(sig, inputs, self.instance)
+        if sig.multi is None and sig.id not in graph.views:
+            return Lazy(self, first, sig.out_metas[0])
+        return self._outputs(sig, first, func, args, {})
 
     def args_key(self, args: tuple[Any, ...], inputs: list[int]) -> tuple[Any, ...]:
         """The key of positional arguments (see :meth:`_key`), flat ones without recursion."""
