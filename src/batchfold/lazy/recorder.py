@@ -192,6 +192,22 @@ class Recorder(InPlaceWrites, SignatureMaker, TorchFunctionMode):
                 inputs.append(a._vid)
             elif kind is int or kind is float or kind is bool:
                 metas.append((kind, a))
+            elif kind is list or kind is tuple:  # torch.cat([h, c]), h[:, 0]: _key's parts
+                part: list[Any] = [kind]
+                for item in a:
+                    k = type(item)
+                    if k is Lazy and item._rec is self:
+                        part.append(item._meta)
+                        inputs.append(item._vid)
+                    elif k is int or k is float or k is bool:
+                        part.append((k, item))
+                    elif k is slice:
+                        part.append((slice, item.start, item.stop, item.step))
+                    elif item is None or item is Ellipsis:
+                        part.append(item)
+                    else:
+                        return None
+                metas.append(tuple(part))
             else:
                 return None
         mode = 2 if _inference_mode() else 1 if _grad_enabled() else 0  # grad_mode(), inline
