@@ -9,7 +9,6 @@ runs what is pending; ``read`` is a sync point.
 
 from __future__ import annotations
 
-import enum
 import time
 import weakref
 from typing import Any
@@ -27,6 +26,7 @@ from ..graph import OUT_BITS, Graph, Signature
 from ..schedule import Scheduler, schedule
 from ..stats import Stats
 from . import graphs
+from .call_keys import CallKeys
 from .dispatch import ORIGINAL_TENSOR
 from .lengths import plain_lengths
 from .macros import ModuleCache
@@ -44,19 +44,14 @@ Tensor = torch.Tensor
 _grad_enabled = torch.is_grad_enabled
 _inference_mode = torch.is_inference_mode_enabled
 _LEADING = ("input", "tensors", "self")  # parameter names that come first when passed by name
-_mode_active = torch._C._is_torch_function_mode_enabled
 _GETTER = type(Tensor.device.__get__)  # what the mode sees for an attribute read of a tensor
 _SET_GRAD = torch._C._set_grad_enabled
 _PASS = frozenset([_SET_GRAD, Tensor.__int__, Tensor.__float__, Tensor.__bool__, Tensor.item])
-_PLAIN = frozenset((type(None), str, int, float, bool))  # keyword values keyed as they are
 _FACTORY_ARGS = frozenset((Tensor, int, float, bool))  # a factory call with these runs at once
 _FACTORY_KEYWORDS = frozenset(("dtype", "device", "requires_grad"))  # ... and these keywords
-_IMMUTABLE = frozenset(
-    [type(None), str, bytes, complex, torch.dtype, torch.device, torch.Size, torch.layout]
-)
 
 
-class Recorder(InPlaceWrites, SignatureMaker, TorchFunctionMode):
+class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
     """Records the PyTorch calls of one ``batch_map`` into a graph and runs it on demand."""
 
     def __init__(
@@ -161,21 +156,6 @@ class Recorder(InPlaceWrites, SignatureMaker, TorchFunctionMode):
             self.trace.add(sig, inputs, first)
         return self._outputs(sig, first, func, args, kwargs)
 
-    def _outputs(
-        self, sig: Signature, first: int, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Any:
-        """The lazy output(s) of the node of ``sig`` whose first value is ``first``; a view
-        op's are marked as views of its first argument."""
-        if sig.multi is None:
-            out = Lazy(self, first, sig.out_metas[0])
-            if sig.id in self.graph.views:
-                self._mark_made((out,), func, args, kwargs)
-            return out
-        outs = [Lazy(self, first + i, meta) for i, meta in enumerate(sig.out_metas)]
-        if sig.id in self.graph.views:
-            self._mark_made(outs, func, args, kwargs)
-        return tuple(outs) if sig.multi is tuple else sig.multi(outs)
-
     def known(self, func: Any, args: tuple[Any, ...]) -> Any:
         """The common call on a fast path: positional arguments that are lazy or Python
         numbers (``h.sum(0)``, ``torch.softmax(e, 0)``, ``x * 0.5``, ``h.unsqueeze(-1)``), and
@@ -220,73 +200,20 @@ class Recorder(InPlaceWrites, SignatureMaker, TorchFunctionMode):
             return Lazy(self, first, sig.out_metas[0])
         return self._outputs(sig, first, func, args, {})
 
-    def args_key(self, args: tuple[Any, ...], inputs: list[int]) -> tuple[Any, ...]:
-        """The key of positional arguments (see :meth:`_key`), flat ones without recursion."""
-        parts = []
-        for a in args:
-            kind = type(a)
-            if kind is Lazy:
-                if a._rec is not self:
-                    raise LazyValueError(LAZY_AFTER_RUN.format(what="use"))
-                inputs.append(a._vid)
-                parts.append(a._meta)
-            elif kind is int or kind is float or kind is bool:
-                parts.append((kind, a))
-            else:
-                parts.append(self._key(a, inputs))
-        return tuple(parts)
-
-    def kwargs_key(self, kwargs: dict[str, Any], inputs: list[int]) -> tuple[Any, ...]:
-        """The key of keyword arguments (see :meth:`_key`).
-
-        Keywords of plain values only (``None``, strings, numbers: ``F.cross_entropy``'s
-        ``ignore_index=-100, reduction="mean"``) are keyed by names, values and types in one
-        go; the types keep ``1``, ``1.0`` and ``True`` apart, which compare equal.
-        """
-        values = tuple(kwargs.values())
-        types = tuple(map(type, values))
-        if _PLAIN.issuperset(types):
-            return (tuple(kwargs), values, types)
-        parts = []
-        for name, value in kwargs.items():
-            kind = type(value)
-            if value is None or kind is str:
-                parts.append((name, value))
-            elif kind is int or kind is float or kind is bool:
-                parts.append((name, kind, value))
-            else:
-                parts.append((name, self._key(value, inputs)))
-        return tuple(parts)
-
-    def _key(self, obj: Any, inputs: list[int]) -> Any:
-        """A hashable key for an argument; appends the value ids of lazy inputs, in order."""
-        kind = type(obj)
-        if kind is Lazy:
-            if obj._rec is not self:
-                raise LazyValueError(LAZY_AFTER_RUN.format(what="use"))
-            inputs.append(obj._vid)
-            return obj._meta
-        if kind is tuple or kind is list:
-            return (kind, *[self._key(item, inputs) for item in obj])
-        if kind is dict:
-            return (dict, *self.kwargs_key(obj, inputs))
-        if isinstance(obj, Tensor):
-            self.by_identity = True
-            if _mode_active():  # from a Lazy method or a module call: the mode would see the read
-                with torch._C.DisableTorchFunction():
-                    return (id(obj), version(obj))
-            return (id(obj), version(obj))  # shared, by identity; the signature keeps it alive
-        if kind is int or kind is float or kind is bool:
-            return (kind, obj)
-        if kind is slice:
-            return (slice, obj.start, obj.stop, obj.step)
-        if kind not in _IMMUTABLE and not isinstance(obj, enum.Enum):
-            self.by_identity = True  # an object that may change, or be another at that id
-        try:
-            hash(obj)
-        except TypeError:
-            return ("object", id(obj))
-        return obj
+    def _outputs(
+        self, sig: Signature, first: int, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """The lazy output(s) of the node of ``sig`` whose first value is ``first``; a view
+        op's are marked as views of its first argument."""
+        if sig.multi is None:
+            out = Lazy(self, first, sig.out_metas[0])
+            if sig.id in self.graph.views:
+                self._mark_made((out,), func, args, kwargs)
+            return out
+        outs = [Lazy(self, first + i, meta) for i, meta in enumerate(sig.out_metas)]
+        if sig.id in self.graph.views:
+            self._mark_made(outs, func, args, kwargs)
+        return tuple(outs) if sig.multi is tuple else sig.multi(outs)
 
     def _eager(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], key: Any) -> Any:
         """Run a call on shared tensors at once, memoised (see :mod:`.shared_calls`)."""

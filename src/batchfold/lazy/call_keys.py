@@ -1,0 +1,102 @@
+"""How a recorded call is keyed.
+
+A call's key holds its op, each lazy argument's meta, every other argument as it is (numbers
+with their type, so that ``1``, ``1.0`` and ``True`` stay apart; tensors from outside by
+identity and version) and the grad mode. Equal keys share a signature; ``Recorder.known``
+builds the same parts for the commonest calls on its fast path.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import torch
+
+from ..errors import LAZY_AFTER_RUN, LazyValueError
+from .sites import version
+from .tensor import Lazy
+
+Tensor = torch.Tensor
+_mode_active = torch._C._is_torch_function_mode_enabled
+_PLAIN = frozenset((type(None), str, int, float, bool))  # keyword values keyed as they are
+_IMMUTABLE = frozenset(
+    [type(None), str, bytes, complex, torch.dtype, torch.device, torch.Size, torch.layout]
+)
+
+
+class CallKeys:
+    """The recorder's keys of calls (a base class of ``Recorder``).
+
+    It sets the recorder's ``by_identity`` when a key holds an object by identity.
+    """
+
+    by_identity: bool
+
+    def args_key(self, args: tuple[Any, ...], inputs: list[int]) -> tuple[Any, ...]:
+        """The key of positional arguments (see :meth:`_key`), flat ones without recursion."""
+        parts = []
+        for a in args:
+            kind = type(a)
+            if kind is Lazy:
+                if a._rec is not self:
+                    raise LazyValueError(LAZY_AFTER_RUN.format(what="use"))
+                inputs.append(a._vid)
+                parts.append(a._meta)
+            elif kind is int or kind is float or kind is bool:
+                parts.append((kind, a))
+            else:
+                parts.append(self._key(a, inputs))
+        return tuple(parts)
+
+    def kwargs_key(self, kwargs: dict[str, Any], inputs: list[int]) -> tuple[Any, ...]:
+        """The key of keyword arguments (see :meth:`_key`).
+
+        Keywords of plain values only (``None``, strings, numbers: ``F.cross_entropy``'s
+        ``ignore_index=-100, reduction="mean"``) are keyed by names, values and types in one
+        go; the types keep ``1``, ``1.0`` and ``True`` apart, which compare equal.
+        """
+        values = tuple(kwargs.values())
+        types = tuple(map(type, values))
+        if _PLAIN.issuperset(types):
+            return (tuple(kwargs), values, types)
+        parts = []
+        for name, value in kwargs.items():
+            kind = type(value)
+            if value is None or kind is str:
+                parts.append((name, value))
+            elif kind is int or kind is float or kind is bool:
+                parts.append((name, kind, value))
+            else:
+                parts.append((name, self._key(value, inputs)))
+        return tuple(parts)
+
+    def _key(self, obj: Any, inputs: list[int]) -> Any:
+        """A hashable key for an argument; appends the value ids of lazy inputs, in order."""
+        kind = type(obj)
+        if kind is Lazy:
+            if obj._rec is not self:
+                raise LazyValueError(LAZY_AFTER_RUN.format(what="use"))
+            inputs.append(obj._vid)
+            return obj._meta
+        if kind is tuple or kind is list:
+            return (kind, *[self._key(item, inputs) for item in obj])
+        if kind is dict:
+            return (dict, *self.kwargs_key(obj, inputs))
+        if isinstance(obj, Tensor):
+            self.by_identity = True
+            if _mode_active():  # from a Lazy method or a module call: the mode would see the read
+                with torch._C.DisableTorchFunction():
+                    return (id(obj), version(obj))
+            return (id(obj), version(obj))  # shared, by identity; the signature keeps it alive
+        if kind is int or kind is float or kind is bool:
+            return (kind, obj)
+        if kind is slice:
+            return (slice, obj.start, obj.stop, obj.step)
+        if kind not in _IMMUTABLE and not isinstance(obj, enum.Enum):
+            self.by_identity = True  # an object that may change, or be another at that id
+        try:
+            hash(obj)
+        except TypeError:
+            return ("object", id(obj))
+        return obj
