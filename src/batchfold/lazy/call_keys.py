@@ -34,19 +34,30 @@ class CallKeys:
     by_identity: bool
 
     def args_key(self, args: tuple[Any, ...], inputs: list[int]) -> tuple[Any, ...]:
-        """The key of positional arguments (see :meth:`_key`), flat ones without recursion."""
+        """The key of positional arguments (see :meth:`_key`): lazy values and numbers, also in
+        a list or tuple (``torch.cat([h, c])``, ``h[:, 0]``), without recursion."""
         parts = []
         for a in args:
             kind = type(a)
-            if kind is Lazy:
-                if a._rec is not self:
-                    raise LazyValueError(LAZY_AFTER_RUN.format(what="use"))
+            if kind is Lazy and a._rec is self:
                 inputs.append(a._vid)
                 parts.append(a._meta)
             elif kind is int or kind is float or kind is bool:
                 parts.append((kind, a))
+            elif kind is list or kind is tuple:
+                part: list[Any] = [kind]
+                for item in a:
+                    k = type(item)
+                    if k is Lazy and item._rec is self:
+                        inputs.append(item._vid)
+                        part.append(item._meta)
+                    elif k is int or k is float or k is bool:
+                        part.append((k, item))
+                    else:
+                        part.append(self._key(item, inputs))
+                parts.append(tuple(part))
             else:
-                parts.append(self._key(a, inputs))
+                parts.append(self._key(a, inputs))  # a lazy value of another run: refused there
         return tuple(parts)
 
     def kwargs_key(self, kwargs: dict[str, Any], inputs: list[int]) -> tuple[Any, ...]:

@@ -157,42 +157,14 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
         return self._outputs(sig, first, func, args, kwargs)
 
     def known(self, func: Any, args: tuple[Any, ...]) -> Any:
-        """The common call on a fast path: positional arguments that are lazy or Python
-        numbers (``h.sum(0)``, ``torch.softmax(e, 0)``, ``x * 0.5``, ``h.unsqueeze(-1)``), and
-        a signature made for it already. Its lazy output(s), or ``None``: then the general
-        path, which makes the same key (:meth:`args_key`'s parts)."""
-        metas: list[Any] = []
+        """A call with positional arguments only (``h.sum(0)``, ``torch.cat([h, c])``,
+        ``h[:, 0]``) whose signature exists: its lazy output(s) without the general path's
+        work, or ``None`` (then the general path, which makes the same key)."""
         inputs: list[int] = []
-        for a in args:
-            kind = type(a)
-            if kind is Lazy:
-                if a._rec is not self:
-                    return None
-                metas.append(a._meta)
-                inputs.append(a._vid)
-            elif kind is int or kind is float or kind is bool:
-                metas.append((kind, a))
-            elif kind is list or kind is tuple:  # torch.cat([h, c]), h[:, 0]: _key's parts
-                part: list[Any] = [kind]
-                for item in a:
-                    k = type(item)
-                    if k is Lazy and item._rec is self:
-                        part.append(item._meta)
-                        inputs.append(item._vid)
-                    elif k is int or k is float or k is bool:
-                        part.append((k, item))
-                    elif k is slice:
-                        part.append((slice, item.start, item.stop, item.step))
-                    elif item is None or item is Ellipsis:
-                        part.append(item)
-                    else:
-                        return None
-                metas.append(tuple(part))
-            else:
-                return None
+        parts = self.args_key(args, inputs)  # the general path's key: one way to make it
         mode = 2 if _inference_mode() else 1 if _grad_enabled() else 0  # grad_mode(), inline
         graph = self.graph
-        sig = graph.lookup((func, tuple(metas), mode))
+        sig = graph.lookup((func, parts, mode))
         if not inputs or sig is None:
             return None
         first = graph.add(sig, inputs, self.instance)
