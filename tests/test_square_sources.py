@@ -105,11 +105,11 @@ def test_square_sources_of_every_length_equal_eager(case: str, scheduler: Schedu
         CASES[case], _molecules(lengths, len(case)), MODULES, scheduler=scheduler
     )
     assert stats.plan is not None
-    squares = [
-        s.sig.family for s in stats.plan.steps if s.sig.family and s.sig.family.kind == "square"
-    ]
-    # one packed step for each (the two-column x of a 2-atom molecule is square too)
-    assert squares and len(squares) == len(set(map(id, squares)))
+    squares = [s for s in stats.plan.steps if s.sig.family and s.sig.family.kind == "square"]
+    # one packed step for each family (the two-column x of a 2-atom molecule is square too),
+    # holding several lengths
+    assert squares and len({id(s.sig.family) for s in squares}) == len(squares)
+    assert all(s.lengths is not None and len(set(s.lengths.tolist())) > 1 for s in squares)
 
 
 def test_square_sources_of_one_length_are_stacked() -> None:

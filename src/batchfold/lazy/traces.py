@@ -319,7 +319,7 @@ def same_ops(a: Any, b: Any, ragged: list[bool] | None = None) -> bool:
     runs on packed rows (``ragged``) counts as the same for any length of its family."""
     if len(a.ops) != len(b.ops) or a.outputs != b.outputs:
         return False
-    if getattr(a, "handed_back", ()) != getattr(b, "handed_back", ()):
+    if a.handed_back != b.handed_back:
         return False
     for j, ((sig, refs, payload), (sig2, refs2, payload2)) in enumerate(
         zip(a.ops, b.ops, strict=True)
