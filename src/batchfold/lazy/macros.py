@@ -62,6 +62,7 @@ class _Entry:
         "outs",
         "flat",
         "single",
+        "pair",
         "ragged",
         "length",
         "guards",
@@ -79,6 +80,7 @@ class _Entry:
         self.outs: list[int] = []  # which of the node's outputs the call returns
         self.flat: bool | None = None  # whether it returns a flat tuple, ``(h, c)``
         self.single: int | None = None  # the output it returns, when it returns one tensor
+        self.pair: tuple[int, int] | None = None  # the two it returns as ``(h, c)``, if so
         # a call on ragged inputs: its first trace, that trace's length and guards, and once
         # a trace of another length agrees, the macro that records its calls
         self.ragged: RaggedTemplate | None = None
@@ -310,6 +312,11 @@ class ModuleCache:
         single = entry.single
         if single is not None:
             return Lazy(rec, first + single, sig.out_metas[single])
+        pair = entry.pair
+        if pair is not None:  # ``return h, c``: the commonest call with several outputs
+            a, b = pair
+            metas = sig.out_metas
+            return Lazy(rec, first + a, metas[a]), Lazy(rec, first + b, metas[b])
         return self._outputs(entry, first, lazies)
 
     def _outputs(self, entry: _Entry, first: int, lazies: Any) -> Any:
@@ -333,8 +340,12 @@ def _set_outs(entry: _Entry, outs: list[int]) -> None:
     """Which of the node's outputs a confirmed call returns, and the one when it returns one
     tensor (the fast path of :meth:`ModuleCache.hit`)."""
     assert entry.template is not None
+    template = entry.template
     entry.outs = outs
-    entry.single = outs[0] if entry.template.structure is None else None
+    entry.single = outs[0] if template.structure is None else None
+    plain = not template.repeats and not template.handed_back
+    pair = len(outs) == 2 and template.structure == (tuple, (None, None))
+    entry.pair = (outs[0], outs[1]) if plain and pair else None
 
 
 def _arguments(entry: _Entry, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
