@@ -33,7 +33,7 @@ from .macros import ModuleCache
 from .semantics import VIEW_NAMES
 from .shared_calls import READ, SharedCalls
 from .signatures import SignatureMaker
-from .sites import func_name, version
+from .sites import func_name, user_site, version
 from .sources import FACTORIES, SourceMaker
 from .sync import Driver
 from .tensor import Lazy, has_lazy, map_lazies
@@ -47,6 +47,37 @@ _LEADING = ("input", "tensors", "self")  # parameter names that come first when 
 _GETTER = type(Tensor.device.__get__)  # what the mode sees for an attribute read of a tensor
 _SET_GRAD = torch._C._set_grad_enabled
 _PASS = frozenset([_SET_GRAD, Tensor.__int__, Tensor.__float__, Tensor.__bool__, Tensor.item])
+_AS_TENSOR = frozenset([torch.as_tensor, torch.asarray])
+_AS_TENSOR_KEYWORDS = frozenset(["dtype", "device", "copy", "requires_grad"])
+
+
+def _as_itself(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Lazy | None:
+    """``torch.as_tensor(x)`` or ``torch.asarray(x)`` of a lazy ``x`` that needs no conversion:
+    ``x`` itself, as eager PyTorch returns it (a write through the result changes ``x``), or
+    its detached view for ``requires_grad=False``; ``None`` for a call that converts or
+    copies, which records as an op. ``requires_grad=True`` of a value that does not require
+    grad is refused, as ``requires_grad_()`` is: a value inside is no leaf of its own."""
+    x: Lazy = args[0]
+    if len(args) > 1 or not _AS_TENSOR_KEYWORDS.issuperset(kwargs) or kwargs.get("copy"):
+        return None
+    dtype, device = kwargs.get("dtype"), kwargs.get("device")
+    if dtype is not None and dtype != x.dtype:
+        return None
+    if device is not None:  # "cuda" names the current one, as eager compares
+        with torch._C.DisableTorchFunction():
+            if torch.empty(0, device=device).device != x.device:
+                return None
+    grad = kwargs.get("requires_grad")
+    if grad is None or (grad and x._vid not in x._rec.graph.grad_free):
+        return x  # requires_grad=True of a value that requires grad: eager returns it too
+    if not grad:
+        return x._rec.call(torch.Tensor.detach, (x,), {})
+    raise UnsupportedOpError(
+        f"torch.asarray(..., requires_grad=True) at {user_site()}: a tensor made inside the "
+        "function is not a leaf of its own; pass a tensor that requires grad in the instance"
+    )
+
+
 _FACTORY_ARGS = frozenset((Tensor, int, float, bool))  # a factory call with these runs at once
 _FACTORY_KEYWORDS = frozenset(("dtype", "device", "requires_grad"))  # ... and these keywords
 
@@ -112,6 +143,10 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
                 return known
         if self.closed:
             raise LazyValueError(LAZY_AFTER_RUN.format(what=f"{func_name(func)}()"))
+        if func in _AS_TENSOR and args and type(args[0]) is Lazy:
+            itself = _as_itself(args, kwargs)
+            if itself is not None:
+                return itself
         if self.trace is not None and self.trace.lengths is not None:  # a ragged call's trace
             args, kwargs = plain_lengths(args), plain_lengths(kwargs)
         if kwargs:

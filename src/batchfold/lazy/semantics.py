@@ -77,6 +77,27 @@ VIEW_NAMES = frozenset(
         "dropout",
         "alpha_dropout",
         "feature_alpha_dropout",
+        # the input itself where nothing changes, as eager returns it
+        "cpu",
+        "cuda",
+        "positive",
+        "__pos__",
+        "conj",
+        "resolve_conj",
+        "resolve_neg",
+        "adjoint",
+        "atleast_1d",
+        "atleast_2d",
+        "atleast_3d",
+        "sum_to_size",
+        "to_dense",
+        "dropout1d",
+        "dropout2d",
+        "dropout3d",
+        # views of every lazy argument (see VIEWS_OF_EVERY_ARGUMENT)
+        "broadcast_tensors",
+        "meshgrid",
+        "einsum",
     ]
 )
 
@@ -97,6 +118,12 @@ _RANDOM_STEMS = frozenset(
         "randperm",
     ]
 )
+
+
+VIEWS_OF_EVERY_ARGUMENT = frozenset(
+    ["broadcast_tensors", "meshgrid", "einsum", "atleast_1d", "atleast_2d", "atleast_3d"]
+)
+"""View ops whose outputs may view any of their lazy arguments, not only the first."""
 
 
 def base_name(func: Any) -> str:

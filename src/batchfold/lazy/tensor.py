@@ -129,6 +129,23 @@ class Lazy:
         """The transpose of the last two dims."""
         return self._rec.call(torch.Tensor.transpose, (self, -2, -1), {})
 
+    @property
+    def mH(self) -> Lazy:  # noqa: N802
+        """The conjugate transpose of the last two dims."""
+        return self._rec.call(torch.Tensor.adjoint, (self,), {})
+
+    @property
+    def H(self) -> Lazy:  # noqa: N802
+        """The conjugate transpose of a matrix, as eager's (a vector's: its conjugate)."""
+        if self.ndim > 2:
+            raise RuntimeError("tensor.H is only supported on matrices (2-D tensors); use .mH")
+        return self.mH if self.ndim == 2 else self._rec.call(torch.Tensor.conj, (self,), {})
+
+    @property
+    def real(self) -> Lazy:
+        """The real part (the value itself, for real dtypes)."""
+        return self._rec.call(torch.real, (self,), {})
+
     def __iter__(self):  # noqa: ANN204
         return iter(self._rec.call(torch.Tensor.unbind, (self, 0), {}))
 
@@ -205,58 +222,19 @@ def set_item(x: Tensor, index: Any, value: Any) -> Tensor:
     return x
 
 
-_NOT_RECORDED = {
-    "__init__",
-    "__new__",
-    "__class__",
-    "__getattribute__",
-    "__setattr__",
-    "__delattr__",
-    "__repr__",
-    "__str__",
-    "__format__",
-    "__hash__",
-    "__reduce__",
-    "__reduce_ex__",
-    "__setstate__",
-    "__getstate__",
-    "__dir__",
-    "__sizeof__",
-    "__init_subclass__",
-    "__subclasshook__",
-    "__torch_function__",
-    "__torch_dispatch__",
-    "__deepcopy__",
-    "__array__",
-    "__array_wrap__",
-    "__array_priority__",
-    "__dlpack__",
-    "__dlpack_device__",
-    "__contains__",
-    "__iter__",
-    "__len__",
-    "__bool__",
-    "__int__",
-    "__float__",
-    "__index__",
-    "__complex__",
-    "__long__",
-    "__nonzero__",
-    "__setitem__",
-    "__delitem__",
-    "__reversed__",
-    "__cuda_array_interface__",
-    "__weakref__",
-    "__module__",
-    "__doc__",
-    "__slots__",
-    "backward",
-    "register_hook",
-    "retain_grad",
-    "data_ptr",
-    "storage",
-    "untyped_storage",
-}
+# Tensor attributes Lazy does not record as calls (object protocol, reads, autograd, memory)
+_NOT_RECORDED = frozenset(
+    """
+    __init__ __new__ __class__ __getattribute__ __setattr__ __delattr__ __repr__ __str__
+    __format__ __hash__ __reduce__ __reduce_ex__ __setstate__ __getstate__ __dir__
+    __sizeof__ __init_subclass__ __subclasshook__ __torch_function__ __torch_dispatch__
+    __deepcopy__ __array__ __array_wrap__ __array_priority__ __dlpack__ __dlpack_device__
+    __contains__ __iter__ __len__ __bool__ __int__ __float__ __index__ __complex__ __long__
+    __nonzero__ __setitem__ __delitem__ __reversed__ __cuda_array_interface__ __weakref__
+    __module__ __doc__ __slots__ backward register_hook retain_grad data_ptr storage
+    untyped_storage
+    """.split()  # noqa: SIM905
+)
 
 # x op= y is x.op_(y) in eager PyTorch: the same object changes
 _AUGMENTED = {

@@ -18,7 +18,7 @@ import torch
 from ..errors import LAZY_AFTER_RUN, DtypeError, LazyValueError, ShapeError, UnsupportedOpError
 from .function import BatchedFunction
 from .inference import template
-from .semantics import in_place_form
+from .semantics import VIEWS_OF_EVERY_ARGUMENT, base_name, in_place_form
 from .sites import func_name, user_site
 from .tensor import Lazy, has_lazy
 
@@ -56,7 +56,13 @@ class InPlaceWrites:
         ``BatchedFunction.eager_for_shapes``) as views of every lazy argument and of each other:
         a write into one of them is refused while another is in use."""
         if type(func) is not BatchedFunction:
-            self._mark_views(outs, args[0])
+            if base_name(func) not in VIEWS_OF_EVERY_ARGUMENT:
+                self._mark_views(outs, args[0])
+                return
+            bases: list[Lazy] = []  # torch.einsum("ij->ji", x), torch.broadcast_tensors(x, y)
+            template((args, kwargs), bases)
+            for base in bases:
+                self._mark_views(outs, base)
             return
         lazies: list[Lazy] = []
         template(args, lazies)
@@ -76,7 +82,7 @@ class InPlaceWrites:
         chain = (weakref.ref(base), *above) if above else (weakref.ref(base),)
         refs = []
         for out in outs:
-            out._view = chain
+            out._view = chain if out._view is None else (*out._view, *chain)
             refs.append(weakref.ref(out))
         views_of = self._views_of
         views_of.setdefault(base._vid, []).extend(refs)

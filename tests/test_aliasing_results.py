@@ -1,0 +1,165 @@
+"""``torch.as_tensor`` and ``torch.asarray`` of a lazy value inside ``batch_map`` do what they do
+eagerly: without a conversion they return the value itself, so a write through the result
+changes it; with one they copy. Each case once gave a silently different number (a copy
+where eager PyTorch aliases), or a ``requires_grad`` other than eager's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import batchfold as bf
+from batchfold.errors import UnsupportedOpError
+from reference import assert_matches_eager
+
+SCHEDULERS = ["agenda", "depth"]
+INSTANCES = [[1.0, -2.0, 3.0], [0.5, 0.0, -1.0], [2.0, 2.0, -3.0]]
+pytestmark = [
+    pytest.mark.usefixtures("float64"),
+    pytest.mark.filterwarnings("ignore:torch.asarray. unspecified requires_grad"),
+]
+
+
+def _cases(layer: nn.Module) -> dict[str, Any]:
+    def computed(x: list[float]) -> torch.Tensor:
+        return layer(torch.tensor(x)).clone()
+
+    def as_tensor_write(x: list[float]) -> Any:
+        y = computed(x)
+        torch.as_tensor(y).mul_(2)  # eager: y itself doubles
+        return y
+
+    def asarray_write(x: list[float]) -> Any:
+        y = computed(x)
+        torch.asarray(y, copy=False).add_(1)
+        return y
+
+    def same_dtype_and_device(x: list[float]) -> Any:
+        y = computed(x)
+        torch.as_tensor(y, dtype=torch.float64, device="cpu").sub_(3)
+        return y
+
+    def instance_tensor(x: list[float]) -> Any:
+        t = torch.tensor(x)
+        torch.as_tensor(t).mul_(t)  # a tensor the instance made: squared in place
+        return layer(t)
+
+    def converting(x: list[float]) -> Any:
+        y = computed(x)
+        z = torch.as_tensor(y, dtype=torch.float32)
+        z.mul_(2)  # a copy: y stays
+        return y, z
+
+    def copying(x: list[float]) -> Any:
+        y = computed(x)
+        torch.asarray(y, copy=True).mul_(2)  # a copy: y stays
+        return y
+
+    def detached(x: list[float]) -> Any:
+        y = computed(x)
+        return torch.asarray(y, requires_grad=False), y  # the first without grad, as eager
+
+    def grad_kept(x: list[float]) -> Any:
+        return torch.asarray(computed(x), requires_grad=True) * 2  # requires grad already
+
+    return {
+        "as_tensor_write": as_tensor_write,
+        "asarray_write": asarray_write,
+        "same_dtype_and_device": same_dtype_and_device,
+        "instance_tensor": instance_tensor,
+        "converting": converting,
+        "copying": copying,
+        "detached": detached,
+        "grad_kept": grad_kept,
+    }
+
+
+@pytest.mark.parametrize("name", list(_cases(nn.Identity())))
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_as_tensor_of_a_lazy_value_aliases_or_copies_as_eager(name: str, scheduler: str) -> None:
+    torch.manual_seed(0)
+    layer = nn.Linear(3, 3)
+    assert_matches_eager(_cases(layer)[name], INSTANCES, layer, scheduler)  # type: ignore[arg-type]
+
+
+def test_as_tensor_returns_the_lazy_value_itself() -> None:
+    def same(x: list[float]) -> Any:
+        t = torch.tensor(x)
+        return torch.as_tensor(t) is t and torch.asarray(t) is t
+
+    assert bf.batch_map(same, INSTANCES) == [True] * len(INSTANCES)
+
+
+def test_a_leaf_made_with_asarray_requires_grad_is_refused() -> None:
+    def leaf(x: list[float]) -> Any:
+        return torch.asarray(torch.tensor(x), requires_grad=True) * 2
+
+    assert leaf(INSTANCES[0]).requires_grad  # eagerly a new leaf: no leaf of its own inside
+    with pytest.raises(UnsupportedOpError, match="not a leaf of its own"):
+        bf.batch_map(leaf, INSTANCES)
+
+
+def _returns_input(t: torch.Tensor) -> dict[str, Any]:
+    """Calls that eager PyTorch answers with ``t`` itself, or a view of it, for a real
+    ``[2, 3]`` ``t`` on the CPU (checked by the test below, so the list cannot go stale)."""
+    return {
+        "cpu": t.cpu(),
+        "positive": torch.positive(t),
+        "unary plus": +t,
+        "conj": t.conj(),
+        "resolve_conj": t.resolve_conj(),
+        "resolve_neg": t.resolve_neg(),
+        "adjoint": t.adjoint(),
+        "mH": t.mH,
+        "H": t.H,
+        "real": t.real,
+        "atleast_1d": torch.atleast_1d(t),
+        "atleast_2d": torch.atleast_2d(t),
+        "atleast_3d": torch.atleast_3d(t),
+        "sum_to_size": t.sum_to_size(2, 3),
+        "to_dense": t.to_dense(),
+        "dropout1d in eval": torch.nn.functional.dropout1d(t, 0.5, training=False),
+        "dropout2d with p 0": torch.nn.functional.dropout2d(t[None, None], 0.0),
+        "broadcast_tensors": torch.broadcast_tensors(t)[0],
+        "einsum": torch.einsum("ij->ji", t),
+    }
+
+
+def test_the_calls_listed_return_their_input_eagerly() -> None:
+    t = torch.randn(2, 3)
+    for name, out in _returns_input(t).items():
+        assert out.untyped_storage().data_ptr() == t.untyped_storage().data_ptr(), name
+
+
+@pytest.mark.parametrize("name", list(_returns_input(torch.zeros(2, 3))))
+def test_a_write_through_a_call_that_returns_its_input_is_seen_or_refused(name: str) -> None:
+    """Eagerly the write changes the input too; batched it must do the same or be refused
+    (each of these once gave the input unchanged, silently)."""
+    torch.manual_seed(0)
+    layer = nn.Linear(6, 6)
+
+    def write(x: list[float]) -> Any:
+        y = layer(torch.tensor(x)).view(2, 3)
+        _returns_input(y)[name].mul_(2)
+        return y
+
+    instances = [[float(i + k) for i in range(6)] for k in range(3)]
+    try:
+        assert_matches_eager(write, instances, layer)
+    except UnsupportedOpError as error:
+        assert "writes into a view" in str(error)
+
+
+def test_a_write_into_the_second_argument_of_broadcast_tensors_is_refused() -> None:
+    def write(x: list[float]) -> Any:
+        a, b = torch.tensor(x), torch.tensor(x[:1])
+        _, b_wide = torch.broadcast_tensors(a, b)
+        b.add_(1)  # eagerly b_wide sees it
+        return b_wide
+
+    with pytest.raises(UnsupportedOpError, match="view"):
+        bf.batch_map(write, INSTANCES)
