@@ -152,6 +152,22 @@ def test_reductions_over_all_or_some_dims_have_a_rule() -> None:
         assert stats.fallbacks == {}, name
 
 
+@pytest.mark.parametrize("scheduler", ["agenda", "depth"])
+def test_reductions_over_an_empty_list_of_dims_reduce_every_dim_of_an_instance(
+    scheduler: Scheduler,
+) -> None:
+    """``x.sum(dim=[])`` reduces every dim eagerly; shifted to the batch it would reduce the
+    batch's dim too (it crashed): it falls back, with eager's values."""
+    inputs = [torch.randn(4, 3).tolist() for _ in range(3)]
+    for reduce in (
+        lambda x: x.sum(dim=[]),
+        lambda x: x.mean(dim=()),
+        lambda x: x.amax(dim=[], keepdim=True),
+        lambda x: x[0, 0].sum(dim=[]),  # 0-d
+    ):
+        assert_matches_eager(lambda x, f=reduce: f(torch.tensor(x) * S.w), inputs, S, scheduler)
+
+
 def test_one_sample_cross_entropy_is_batched_and_nan_when_ignored_under_mean() -> None:
     labels = [0, 1, 2]
     fn = lambda y: F.cross_entropy(torch.tensor([0.5, 1.0, -1.0]), torch.tensor(y), ignore_index=1)  # noqa: E731

@@ -293,7 +293,8 @@ def reduction() -> OpRule:
         dim = dim_arg(args, kwargs, 1, None)
         if dim is None:
             return len(args) == 1 and kwargs.keys() <= {"dtype"}
-        return type(dim) is int or (type(dim) in (tuple, list) and not has_slot(dim))
+        # an empty list of dims reduces every dim eagerly, the batch's too here: a fallback
+        return type(dim) is int or (type(dim) in (tuple, list) and bool(dim) and not has_slot(dim))
 
     return OpRule("reduce", batched, applies=applies)
 
