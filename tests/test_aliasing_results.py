@@ -163,3 +163,42 @@ def test_a_write_into_the_second_argument_of_broadcast_tensors_is_refused() -> N
 
     with pytest.raises(UnsupportedOpError, match="view"):
         bf.batch_map(write, INSTANCES)
+
+
+class _ViewOfSecond(nn.Module):
+    """Returns a view of its second argument, directly or through a chain of views."""
+
+    def __init__(self, chain: bool) -> None:
+        super().__init__()
+        self.chain = chain
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> Any:
+        return (a * 2, b.view(2, 2).t()[0]) if self.chain else b.view(2, 2)
+
+
+@pytest.mark.parametrize("chain", [False, True])
+def test_a_module_returning_a_view_of_any_argument_is_not_cached(chain: bool) -> None:
+    """Once cached, such a call's output would not be marked as a view of the argument, and
+    a later write into the argument would not reach it (both cases once did, silently)."""
+    module = _ViewOfSecond(chain)
+
+    def calls(x: list[float]) -> Any:
+        b = torch.tensor(x)
+        for k in range(3):  # the third call is where a confirmed entry would be hit
+            module(torch.tensor(x), b + k)
+        return b
+
+    _, stats = bf.batch_map(calls, [[1.0, 2.0, 3.0, 4.0]], return_stats=True)
+    assert stats.module_calls_cached == 0
+    assert stats.module_misses == {"_ViewOfSecond: returns a view of an argument": 3}
+
+    def write(x: list[float]) -> Any:
+        b = torch.tensor(x)
+        for k in range(2):
+            module(torch.tensor(x), b + k)
+        out = module(torch.tensor(x), b)
+        b.mul_(3)  # eagerly out sees it
+        return out
+
+    with pytest.raises(UnsupportedOpError, match="view of it"):
+        bf.batch_map(write, [[1.0, 2.0, 3.0, 4.0]])

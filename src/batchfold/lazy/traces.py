@@ -18,7 +18,7 @@ from ..execute import Fallbacks, run_op, sources_batch
 from ..graph import Signature
 from ..signature import INHERITS_GRAD, NO_GRAD
 from .lengths import FIXED, ROWS, SQUARE, Guard, class_of, rows_flag
-from .semantics import VIEW_NAMES
+from .semantics import VIEW_NAMES, VIEWS_OF_EVERY_ARGUMENT
 from .sites import version
 from .tensor import Lazy, flatten_lazies
 
@@ -100,6 +100,7 @@ class Trace:
         if not ops and all(where.get(out._vid, (1,))[0] == 0 for out in outs):
             # nothing recorded, arguments handed back (nn.Identity): the same objects again
             return Template([], [where[out._vid] for out in outs], structure, fallbacks)
+        views = _views_of_arguments(ops)
         handed_back = []  # (position among the returned values, argument): the same object
         for position, out in enumerate(outs):
             ref = where.get(out._vid)
@@ -111,12 +112,25 @@ class Trace:
                     return "returns one of its arguments as another object"
                 handed_back.append((position, ref[1]))
                 continue
-            if ops[ref[1]][0].func.__name__ in VIEW_NAMES and ops[ref[1]][1][:1] == ((0, 0),):
+            if ref[1] in views:
                 return "returns a view of an argument"
             refs.append(ref)
         if not refs:
             return "returns only its arguments, after recording ops it does not return"
         return Template(ops, refs, structure, fallbacks, tuple(handed_back))
+
+
+def _views_of_arguments(ops: list[tuple[Signature, tuple[Any, ...], Any]]) -> set[int]:
+    """The ops whose outputs may view an argument of the call: a view op of an argument, of
+    any of them for some (``einsum``), or of another such op's output (``b.t()[0]``)."""
+    views: set[int] = set()
+    for j, (sig, ins, _) in enumerate(ops):
+        name = getattr(sig.func, "__name__", "")
+        if name in VIEW_NAMES:
+            reads = ins if name in VIEWS_OF_EVERY_ARGUMENT else ins[:1]
+            if any(ref[0] == 0 or ref[1] in views for ref in reads):
+                views.add(j)
+    return views
 
 
 _DEPTH = 3  # how deep into containers and plain objects a module's attributes are compared
