@@ -82,6 +82,12 @@ CASES: list[tuple[str, Callable[[torch.Tensor], Any], str]] = [
     ("own memory, a view", lambda x: torch.as_tensor(x)[1:].mul_(2.0), r"mul_\(\) at .*own"),
     ("manual_seed", _seeded_dropout, r"torch.manual_seed\(\) at .*Seed once before"),
     ("set_rng_state", _reseeded, r"torch.set_rng_state\(\) at "),
+    # eagerly y stops requiring grad, so a loss on it sends no gradient into LIN; recorded as
+    # a write, it kept its history (a silently different gradient)
+    ("detach_", lambda x: _hidden(x).detach_() * 2, r"detach_ of a lazy.*x = x.detach\(\)"),
+    # valid eagerly: each once met a ShapeError that called the code wrong
+    ("unsqueeze_", lambda x: _hidden(x).unsqueeze_(0), r"unsqueeze_\(\) at .*shape in place"),
+    ("t_", lambda x: _hidden(x).view(1, 3).t_(), r"t_\(\) at .*rebind it instead"),
 ]
 
 

@@ -38,6 +38,7 @@ _ATTRIBUTES = {
     "grad_fn": _AFTER,
     "is_leaf": _AFTER,
     "data": "use detach(), which batch_map records",
+    "detach_": "batch_map cannot drop a value's history in place; rebind it: x = x.detach()",
     "requires_grad_": "a tensor made inside the function is not a leaf of its own; pass a "
     "tensor that requires grad in the instance and read it with torch.as_tensor(x): its "
     "gradient comes back to it",

@@ -18,7 +18,7 @@ import torch
 from ..errors import LAZY_AFTER_RUN, DtypeError, LazyValueError, ShapeError, UnsupportedOpError
 from .function import BatchedFunction
 from .inference import template
-from .semantics import VIEWS_OF_EVERY_ARGUMENT, base_name, in_place_form
+from .semantics import VIEW_NAMES, VIEWS_OF_EVERY_ARGUMENT, base_name, in_place_form
 from .sites import func_name, user_site
 from .tensor import Lazy, has_lazy
 
@@ -128,6 +128,12 @@ class InPlaceWrites:
         if type(result) is not Lazy:
             raise UnsupportedOpError(f"{what} at {user_site()} does not give one tensor")
         if result._meta.shape != target._meta.shape:
+            stem = what.split("(")[0].rstrip("_")
+            if stem in VIEW_NAMES or stem == "resize":  # x.unsqueeze_(0), x.t_(): valid eagerly
+                raise UnsupportedOpError(
+                    f"{what} at {user_site()} changes the tensor's shape in place, which "
+                    f"batch_map does not record; rebind it instead: x = x.{stem}(...)"
+                )
             raise ShapeError(
                 f"{what} at {user_site()}: the result's shape {tuple(result.shape)} does not "
                 f"match the shape {tuple(target.shape)} of the tensor written in place"
