@@ -284,6 +284,32 @@ def _key_parts(tree: Any, parts: list[Any]) -> bool:
     return True
 
 
+class WithNones:
+    """The output structure of an op that returns ``None`` among its tensors (``(out, None)``
+    from ``multi_head_attention_forward`` with ``need_weights=False``): its node has the
+    tensors alone (see :meth:`drop`), and the recorder gives the caller the Nones back."""
+
+    __slots__ = ("kind", "nones")
+
+    def __init__(self, kind: type, nones: tuple[int, ...]) -> None:
+        self.kind, self.nones = kind, nones
+
+    def __call__(self, outs: list[Any]) -> Any:
+        items: list[Any] = list(outs)
+        for position in self.nones:
+            items.insert(position, None)
+        return tuple(items) if self.kind is tuple else self.kind(items)
+
+    def drop(self, func: Any) -> Any:
+        """``func`` returning its tensors alone, in order: the op the node runs."""
+
+        def tensors_of(*args: Any, **kwargs: Any) -> tuple[Tensor, ...]:
+            return tuple(o for o in func(*args, **kwargs) if o is not None)
+
+        tensors_of.__name__ = getattr(func, "__name__", "op")
+        return tensors_of
+
+
 def infer_outputs(
     func: Any,
     eager: Any,
@@ -311,7 +337,9 @@ def infer_outputs(
         if isinstance(out, Tensor):
             found = (None, ((tuple(out.shape), out.dtype),))
         else:
-            found = (type(out), tuple((tuple(o.shape), o.dtype) for o in out))
+            nones = tuple(i for i, o in enumerate(out) if o is None)
+            kind = WithNones(type(out), nones) if nones else type(out)
+            found = (kind, tuple((tuple(o.shape), o.dtype) for o in out if o is not None))
     if key is not None:
         if len(_OUTPUTS) >= _MAX_OUTPUTS:
             _OUTPUTS.clear()  # rare: a process seeing this many kinds of call
@@ -365,7 +393,9 @@ def _run_for_shapes(
             except _INPUT_ERRORS as error:
                 raise shape_error(name, site, in_metas, error) from error
     ok = isinstance(out, Tensor) or (
-        isinstance(out, (tuple, list)) and out and all(isinstance(o, Tensor) for o in out)
+        isinstance(out, (tuple, list))
+        and any(isinstance(o, Tensor) for o in out)
+        and all(o is None or isinstance(o, Tensor) for o in out)
     )
     if not ok:
         raise UnsupportedOpError(

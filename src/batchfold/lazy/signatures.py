@@ -14,10 +14,18 @@ import torch
 
 from ..errors import UnsupportedOpError
 from ..graph import OUT_MASK, Graph, Signature, TensorMeta
+from ..opbase import VMAP
 from ..ops import rule_for
 from ..ragged import Family, join_family, member_of
 from .function import BatchedFunction
-from .inference import check_inputs, infer_outputs, lazy_metas, shared_tensors, template
+from .inference import (
+    WithNones,
+    check_inputs,
+    infer_outputs,
+    lazy_metas,
+    shared_tensors,
+    template,
+)
 from .semantics import grad_rule, refuse_unrecordable
 from .sites import func_name, user_site, version
 from .tensor import Lazy
@@ -70,6 +78,8 @@ class SignatureMaker:
         multi, outs = infer_outputs(
             func, eager, name, site, targs, tkwargs, in_metas, self._meta_cache
         )
+        if isinstance(multi, WithNones):  # the node computes the tensors alone, by fallback
+            func, rule = multi.drop(func), VMAP
         if len(outs) > OUT_MASK + 1:
             raise UnsupportedOpError(
                 f"{name} at {site} returns {len(outs)} tensors; batchfold records at most "
