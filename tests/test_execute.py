@@ -18,10 +18,11 @@ from torch import nn
 
 import batchfold as bf
 from batchfold.errors import BatchingRuleError, ShapeError
-from batchfold.execute import Executor, Fallbacks, run_op
+from batchfold.execute import Executor
 from batchfold.graph import OUT_BITS, Graph, Signature, Slot, TensorMeta
 from batchfold.ops import RULES, VMAP, OpRule
 from batchfold.schedule import UNBOUND, Fanout, Gather, Plan, Step, schedule
+from batchfold.step_calls import Fallbacks, run_op
 from reference import assert_matches_eager
 
 CPU = torch.device("cpu")

@@ -10,40 +10,21 @@ from __future__ import annotations
 
 import math
 import time
-from collections import Counter
 from collections.abc import Iterator
-from contextlib import nullcontext
 from typing import Any, Literal, cast, overload
 
 import numpy as np
 import torch
 
-from .errors import BatchingRuleError, ShapeError, add_note
-from .graph import OUT_BITS, OUT_MASK, Signature
-from .opbase import rule_failure
-from .ops import LOOP, VMAP
+from .fused_stack import fusable, fused_stack
+from .graph import OUT_BITS, OUT_MASK
 from .ops_views import forget_rows
 from .profile import Profile, StepClock, mark
-from .ragged import expand_rows, run_family
+from .ragged import expand_rows
 from .schedule import UNBOUND, Fanout, Gather, Plan, Step
-
-# PyTorch's own torch.tensor: the name in the torch namespace may be a function of the user's
-# (a wrapper), which the instances' own calls have already gone through
-_TENSOR = torch._C._VariableFunctions.tensor  # pyright: ignore[reportAttributeAccessIssue]
+from .step_calls import Fallbacks, run_op, run_ragged, sources_batch
 
 Tensor = torch.Tensor
-
-
-class Fallbacks:
-    """Nodes that ran without a batching rule of their own: counted per op and how.
-
-    ``looped`` holds the signatures whose vmap failed: they run once per instance from then
-    on, without trying vmap again.
-    """
-
-    def __init__(self) -> None:
-        self.counts: Counter[str] = Counter()
-        self.looped: set[Signature] = set()
 
 
 class Executor:
@@ -208,6 +189,8 @@ class Executor:
             return (sources_batch(sig, step.payloads or [], step.lengths),)
         if step.lengths is not None:
             return run_ragged(sig, *self._ragged_inputs(step), step.lengths)
+        if fusable(sig, len(step.gathers)) and not self._reads_any_packed(step):
+            return (fused_stack(sig, step, n, self._pieces),)
         inputs = [self._gather(g, step, j) for j, g in enumerate(step.gathers)]
         return run_op(sig, inputs, n, self.fallbacks)
 
@@ -234,16 +217,19 @@ class Executor:
                 gathered = 0
             else:
                 sizes: dict[int, np.ndarray] = {}
+                fused = fusable(sig, len(step.gathers)) and not self._reads_any_packed(step)
                 if step.lengths is not None:
                     inputs, sizes = self._ragged_inputs(step)
+                elif fused:  # its gathers are part of its op: timed with it
+                    inputs = [fused_stack(sig, step, n, self._pieces)]
                 else:
                     inputs = [self._gather(g, step, j) for j, g in enumerate(step.gathers)]
-                gathered = sum(len(x) for x in inputs)
+                gathered = n * len(step.gathers) if fused else sum(len(x) for x in inputs)
                 inputs = mark(clock, inputs, start=False)
                 if step.lengths is not None:
                     outs = run_ragged(sig, inputs, sizes, step.lengths)
                 else:
-                    outs = run_op(sig, inputs, n, self.fallbacks)
+                    outs = tuple(inputs) if fused else run_op(sig, inputs, n, self.fallbacks)
             outs = tuple(mark(clock, outs, start=True))
             clock.entry = profile.step(
                 sig, n, gathered, outs, time.perf_counter() - start, step.lengths is not None
@@ -257,6 +243,14 @@ class Executor:
             flat = ragged and slot == step.sig.family.square
             x = self._gather_rows(gather, flat, row_shape=shape[1:])
             return x if ragged else x.view(len(step.nodes), *shape)
+        pieces = self._pieces(gather)
+        x = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+        if gather.order is not None:
+            x = x.index_select(0, torch.from_numpy(gather.order).to(x.device, non_blocking=True))
+        return x
+
+    def _pieces(self, gather: Gather) -> list[Tensor]:
+        """The pieces of a gather that reads no packed output, before its ``order``."""
         pieces = []
         for part in gather.parts:
             outputs = self.outputs[part[0]]
@@ -268,14 +262,14 @@ class Executor:
             else:
                 rows = torch.from_numpy(part[2]).to(source.device, non_blocking=True)
                 pieces.append(source.index_select(0, rows))
-        x = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
-        if gather.order is not None:
-            x = x.index_select(0, torch.from_numpy(gather.order).to(x.device, non_blocking=True))
-        return x
+        return pieces
 
     def _reads_packed(self, gather: Gather) -> bool:
         packed = self.packed
         return any((part[0], part[1]) in packed for part in gather.parts)
+
+    def _reads_any_packed(self, step: Step) -> bool:
+        return bool(self.packed) and any(self._reads_packed(g) for g in step.gathers)
 
     @overload
     def _gather_rows(
@@ -364,92 +358,3 @@ def _square_rows(
     ``L`` rows of ``row_shape`` (``[L, *rest]``) each that their reader takes."""
     sides = np.rint(np.sqrt(size)).astype(np.int64)  # exact: every size is a square
     return piece.reshape(int(sides.sum()), *row_shape), sides
-
-
-def sources_batch(sig: Signature, payloads: list[Any], lengths: np.ndarray | None = None) -> Tensor:
-    """Stack the payloads of a source step into one tensor (packed if ragged; a square
-    family's ``[L, L, *rest]`` payloads as ``[sum L * L, *rest]``)."""
-    meta = sig.out_metas[0]
-    if lengths is not None:
-        if sig.family is not None and sig.family.kind == "square":
-            return torch.cat([p.reshape(p.shape[0] * p.shape[1], *p.shape[2:]) for p in payloads])
-        return torch.cat(payloads)
-    if sig.source == "scalar":
-        return _TENSOR(payloads, dtype=meta.dtype, device=meta.device)
-    return torch.stack(payloads)  # "tensor" and "constant"
-
-
-def run_op(
-    sig: Signature, inputs: list[Tensor], n: int, fallbacks: Fallbacks
-) -> tuple[Tensor, ...]:
-    """One batched call of ``sig``'s op on ``inputs`` (each ``[n, ...]``): its outputs.
-
-    The call runs under the grad mode its nodes were recorded in. An op whose vmap fails
-    runs once per instance from then on; both are counted in ``fallbacks``. Outputs are
-    checked against the recorded shapes and dtypes.
-    """
-    mode = sig.grad
-    if mode is None or mode == torch.is_grad_enabled():
-        return _call_rule(sig, inputs, n, fallbacks)
-    with torch.set_grad_enabled(bool(mode)):
-        return _call_rule(sig, inputs, n, fallbacks)
-
-
-def run_ragged(
-    sig: Signature, inputs: list[Tensor], sizes: dict[int, np.ndarray], lengths: np.ndarray
-) -> tuple[Tensor, ...]:
-    """One packed call of a ragged step (see :mod:`batchfold.ragged`), its outputs checked."""
-    mode = sig.grad
-    try:
-        with nullcontext() if mode is None else torch.set_grad_enabled(bool(mode)):
-            outs = run_family(sig, inputs, lengths, sizes)
-    except Exception as error:  # an index out of range in the rows, say: where, at least
-        if "device-side assert" not in str(error):  # CUDA's: maybe an earlier op's
-            add_note(error, f"raised by {sig.name} (recorded at {sig.site}) in a packed step")
-        raise
-    n, total = len(lengths), int(lengths.sum())
-    for tensor, meta, ragged in zip(outs, sig.out_metas, sig.family.ragged_out, strict=True):
-        expected = (total, *meta.shape[1:]) if ragged else (n, *meta.shape)
-        if tuple(tensor.shape) != expected or tensor.dtype != meta.dtype:
-            raise BatchingRuleError(
-                f"the ragged {sig.family.kind} rule of {sig.name} (recorded at {sig.site}) "
-                f"returned {tensor.dtype} {tuple(tensor.shape)}, expected {meta.dtype} "
-                f"{expected}: a bug in batchfold's rule; please report it"
-            )
-    return outs
-
-
-def _call_rule(
-    sig: Signature, inputs: list[Tensor], n: int, fallbacks: Fallbacks
-) -> tuple[Tensor, ...]:
-    rule = LOOP if sig.rule is VMAP and sig in fallbacks.looped else sig.rule
-    try:
-        out = rule.batched(sig, inputs, n)
-    except Exception as error:
-        if isinstance(error, rule.user_errors):
-            raise
-        if rule is not VMAP:
-            raise rule_failure(sig, rule, inputs, n, error) from error
-        fallbacks.looped.add(sig)  # vmap cannot batch this op: once per instance from now on
-        rule = LOOP
-        try:
-            out = LOOP.batched(sig, inputs, n)
-        except Exception as looped:
-            raise rule_failure(sig, LOOP, inputs, n, looped) from looped
-    if rule is VMAP or rule is LOOP:
-        fallbacks.counts[f"{sig.name} ({rule.name})"] += n
-    outs = tuple(out) if sig.multi else (out,)
-    for tensor, meta in zip(outs, sig.out_metas, strict=True):
-        if tensor.shape[1:] != meta.shape or tensor.shape[0] != n or tensor.dtype != meta.dtype:
-            if getattr(sig.func, "batched", False):  # a user's bf.function(batched=True)
-                raise ShapeError(
-                    f"{sig.name} (a bf.function with batched=True, called at {sig.site}) "
-                    f"returned {tensor.dtype} {tuple(tensor.shape)} for a batch of {n}; "
-                    f"expected {meta.dtype} {(n, *meta.shape)}, one row per instance"
-                )
-            raise BatchingRuleError(
-                f"batching rule {rule.name} of {sig.name} (recorded at {sig.site}) "
-                f"returned {tensor.dtype} {tuple(tensor.shape)}, expected {meta.dtype} "
-                f"{(n, *meta.shape)}: a bug in batchfold's rule; please report it"
-            )
-    return outs

@@ -28,10 +28,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..execute import run_op, run_ragged, sources_batch
 from ..graph import Graph, Signature, TensorMeta
 from ..ops import OpRule
 from ..ragged import Family
+from ..step_calls import run_op, run_ragged, sources_batch
 from .inference import template
 from .kept import keep, kept
 from .lengths import FIXED, ROWS, SQUARE, class_of, guards_hold, rows_flag

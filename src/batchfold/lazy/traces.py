@@ -14,9 +14,9 @@ from typing import Any, TypeVar
 
 import torch
 
-from ..execute import Fallbacks, run_op, sources_batch
 from ..graph import Signature
 from ..signature import INHERITS_GRAD, NO_GRAD
+from ..step_calls import Fallbacks, run_op, sources_batch
 from .lengths import FIXED, ROWS, SQUARE, Guard, class_of, rows_flag
 from .semantics import VIEW_NAMES, VIEWS_OF_EVERY_ARGUMENT
 from .sites import version
