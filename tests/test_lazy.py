@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import Any
 
@@ -341,3 +342,24 @@ def test_factories_on_tensors_that_need_grad_match_eager(
     assert len(got) == len(want) == len(xs) + 1
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b)
+
+
+def test_results_in_dataclasses_come_back_as_tensors() -> None:
+    """A dataclass holding lazy values (which ``tree_map`` does not walk) once came back with
+    them, unusable after ``batch_map``; frozen ones included."""
+
+    @dataclasses.dataclass(frozen=True)
+    class Output:
+        state: torch.Tensor
+        parts: list[torch.Tensor]
+        count: int
+
+    def fn(x: list[float]) -> Output:
+        t = torch.tensor(x)
+        return Output(t * 2, [t + 1, t.sum()], len(x))
+
+    inputs = [[1.0, 2.0], [3.0, 4.0]]
+    for got, want in zip(bf.batch_map(fn, inputs), map(fn, inputs), strict=True):
+        assert type(got) is Output and got.count == want.count
+        assert torch.equal(got.state, want.state)
+        assert all(torch.equal(a, b) for a, b in zip(got.parts, want.parts, strict=True))

@@ -9,6 +9,8 @@ would make visible through a view are refused (see ``Recorder.write``).
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
@@ -364,8 +366,8 @@ def _build(structure: Any, outs: Any) -> Any:
 
 
 def map_lazies(fn: Any, obj: Any) -> Any:
-    """``obj`` with ``fn`` applied to each lazy value in it: plain lists, tuples and dicts
-    walked here (the common results, fast), other containers by ``tree_map``."""
+    """``obj`` with ``fn`` applied to each lazy value in it: plain lists, tuples, dicts and
+    dataclasses walked here (the common results, fast), other containers by ``tree_map``."""
     kind = type(obj)
     if kind is Lazy:
         return fn(obj)
@@ -375,4 +377,9 @@ def map_lazies(fn: Any, obj: Any) -> Any:
         return {k: map_lazies(fn, v) for k, v in obj.items()}
     if kind in _LEAVES or isinstance(obj, Tensor):
         return obj  # tree_map leaves a cycle to collect on every call (a recursive helper)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):  # not walked by tree_map
+        new = copy.copy(obj)
+        for field in dataclasses.fields(obj):  # frozen ones too, as their __init__ sets them
+            object.__setattr__(new, field.name, map_lazies(fn, getattr(obj, field.name)))
+        return new
     return tree_map(lambda x: fn(x) if type(x) is Lazy else x, obj)
