@@ -202,3 +202,24 @@ def test_a_module_returning_a_view_of_any_argument_is_not_cached(chain: bool) ->
 
     with pytest.raises(UnsupportedOpError, match="view of it"):
         bf.batch_map(write, [[1.0, 2.0, 3.0, 4.0]])
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_a_first_call_with_one_value_twice_is_no_template_for_later_calls(scheduler: str) -> None:
+    """``h = c = zeros`` makes an LSTM cell's first call get one value for both; its ops then
+    read that value for ``c`` too. Two such first calls (two instances) once confirmed that
+    as the cached template, and every later call read ``h`` where it meant ``c``."""
+    torch.manual_seed(0)
+    cell = nn.LSTMCell(3, 2)
+
+    def run(x: list[list[float]]) -> Any:
+        h = c = torch.zeros(2)
+        outs = []
+        for row in torch.tensor(x):
+            h, c = cell(row, (h, c))
+            outs.append(h)
+        return outs
+
+    instances = [[[0.5, -1.0, 2.0]], [[1.0, 2.0, 3.0]] * 4, [[-1.0, 0.0, 1.0]] * 2]
+    stats = assert_matches_eager(run, instances, cell, scheduler)  # type: ignore[arg-type]
+    assert stats.module_calls_cached > 0, "calls with two values are still cached"

@@ -246,6 +246,8 @@ class ModuleCache:
         inputs: list[int],
     ) -> Any:
         trace, result = self.trace_call(module, args, kwargs, inputs)
+        if trace.aliased:
+            return result  # recorded op by op; the next call with separate values traces
         self.note_reads(entry, trace)
         found = trace.finish(result, self.rec.store.fallbacks)
         name = type(module).__name__

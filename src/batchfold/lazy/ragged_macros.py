@@ -99,6 +99,8 @@ def call_ragged(
         cache.misses[f"{name}: {EMPTY}"] += 1
         return ORIGINAL_CALL(module, *args, **kwargs)
     trace, result = cache.trace_call(module, args, kwargs, inputs, lengths, flags)
+    if trace.aliased:  # see Trace.aliased
+        return result
     cache.note_reads(entry, trace)
     found: Any = trace.finish(result, cache.rec.store.fallbacks)
     if not isinstance(found, str):

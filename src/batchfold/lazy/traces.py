@@ -73,6 +73,13 @@ class Trace:
                 flag = rows_flag(out)
                 ragged.update((first + o, flag) for o, r in enumerate(sig.family.ragged_out) if r)
 
+    @property
+    def aliased(self) -> bool:
+        """Whether the call got one value at two argument positions (``h = c = zeros``): its
+        ops cannot tell the two apart, so its template would read one where later calls,
+        with two values, mean the other. Such a call is recorded, never made a template."""
+        return len(set(self.inputs)) < len(self.inputs)
+
     def refuse(self, reason: str) -> None:
         """Mark the call as not cacheable (the first reason wins)."""
         if self.reason is None:
