@@ -223,3 +223,29 @@ def test_a_first_call_with_one_value_twice_is_no_template_for_later_calls(schedu
     instances = [[[0.5, -1.0, 2.0]], [[1.0, 2.0, 3.0]] * 4, [[-1.0, 0.0, 1.0]] * 2]
     stats = assert_matches_eager(run, instances, cell, scheduler)  # type: ignore[arg-type]
     assert stats.module_calls_cached > 0, "calls with two values are still cached"
+
+
+class _GradBranch(nn.Module):
+    """Computes otherwise when its argument requires grad, which a cache key leaves out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * (2.0 if x.requires_grad else 3.0)
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_a_module_that_reads_requires_grad_of_an_argument_is_not_cached(scheduler: str) -> None:
+    """Two calls on values that require grad once confirmed a template that later calls on
+    values that require none (eagerly the other branch) replayed."""
+    torch.manual_seed(0)
+    module = _GradBranch()
+
+    def calls(x: list[float]) -> Any:
+        a = module.lin(torch.tensor(x))
+        return [module(a), module(a * 2), module(torch.tensor(x)), module(a.detach())]
+
+    stats = assert_matches_eager(calls, INSTANCES, module, scheduler)  # type: ignore[arg-type]
+    assert any("reads requires_grad" in reason for reason in stats.module_misses)

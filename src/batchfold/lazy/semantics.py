@@ -304,3 +304,35 @@ def refuse_unrecordable(
             "    or: read the values first (a sync point), e.g. with .tolist(), and index with "
             "Python numbers."
         )
+
+
+# Tensor attributes the lazy tensor does not record as calls (object protocol, reads,
+# autograd, memory; see lazy/tensor.py)
+NOT_RECORDED = frozenset(
+    """
+    __init__ __new__ __class__ __getattribute__ __setattr__ __delattr__ __repr__ __str__
+    __format__ __hash__ __reduce__ __reduce_ex__ __setstate__ __getstate__ __dir__
+    __sizeof__ __init_subclass__ __subclasshook__ __torch_function__ __torch_dispatch__
+    __deepcopy__ __array__ __array_wrap__ __array_priority__ __dlpack__ __dlpack_device__
+    __contains__ __iter__ __len__ __bool__ __int__ __float__ __index__ __complex__ __long__
+    __nonzero__ __setitem__ __delitem__ __reversed__ __cuda_array_interface__ __weakref__
+    __module__ __doc__ __slots__ backward register_hook retain_grad data_ptr storage
+    untyped_storage
+    """.split()  # noqa: SIM905
+)
+
+# x op= y is x.op_(y) in eager PyTorch: the same object changes
+AUGMENTED = {
+    "__iadd__": "add",
+    "__isub__": "sub",
+    "__imul__": "mul",
+    "__itruediv__": "div",
+    "__ifloordiv__": "floor_divide",
+    "__imod__": "remainder",
+    "__ipow__": "pow",
+    "__iand__": "bitwise_and",
+    "__ior__": "bitwise_or",
+    "__ixor__": "bitwise_xor",
+    "__ilshift__": "bitwise_left_shift",
+    "__irshift__": "bitwise_right_shift",
+}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
@@ -20,6 +21,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from ..graph import TensorMeta
 from .lengths import TracedShape, traced_size
+from .semantics import AUGMENTED, NOT_RECORDED
 
 if TYPE_CHECKING:
     from .recorder import Recorder
@@ -45,6 +47,24 @@ class Lazy:
 
     __slots__ = ("_rec", "_vid", "_meta", "_view", "__weakref__")
     is_nested = False  # never a nested tensor (nn.MultiheadAttention asks)
+    # nor any other layout than a dense one: what library code checks before it computes
+    is_sparse = is_sparse_csr = is_quantized = is_meta = is_mkldnn = False
+    layout = torch.strided
+
+    @property
+    def is_cpu(self) -> bool:
+        """Whether the value will live on the CPU."""
+        return self._meta.device.type == "cpu"
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes of one element."""
+        return self._meta.dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the value's elements."""
+        return self._meta.dtype.itemsize * math.prod(self.shape)
 
     def __init__(self, rec: Recorder, vid: int, meta: TensorMeta) -> None:
         self._rec, self._vid, self._meta = rec, vid, meta
@@ -117,6 +137,9 @@ class Lazy:
     def requires_grad(self) -> bool:
         """Whether the value will require grad: as eager PyTorch's would (see
         ``Signature.grad_rule``)."""
+        trace = self._rec.trace
+        if trace is not None:  # a traced call that branches on it must not be cached
+            trace.refuse("reads requires_grad of a lazy value, which its cache key leaves out")
         dtype = self._meta.dtype
         differentiable = dtype.is_floating_point or dtype.is_complex
         return differentiable and self._vid not in self._rec.graph.grad_free
@@ -224,37 +247,6 @@ def set_item(x: Tensor, index: Any, value: Any) -> Tensor:
     return x
 
 
-# Tensor attributes Lazy does not record as calls (object protocol, reads, autograd, memory)
-_NOT_RECORDED = frozenset(
-    """
-    __init__ __new__ __class__ __getattribute__ __setattr__ __delattr__ __repr__ __str__
-    __format__ __hash__ __reduce__ __reduce_ex__ __setstate__ __getstate__ __dir__
-    __sizeof__ __init_subclass__ __subclasshook__ __torch_function__ __torch_dispatch__
-    __deepcopy__ __array__ __array_wrap__ __array_priority__ __dlpack__ __dlpack_device__
-    __contains__ __iter__ __len__ __bool__ __int__ __float__ __index__ __complex__ __long__
-    __nonzero__ __setitem__ __delitem__ __reversed__ __cuda_array_interface__ __weakref__
-    __module__ __doc__ __slots__ backward register_hook retain_grad data_ptr storage
-    untyped_storage
-    """.split()  # noqa: SIM905
-)
-
-# x op= y is x.op_(y) in eager PyTorch: the same object changes
-_AUGMENTED = {
-    "__iadd__": "add",
-    "__isub__": "sub",
-    "__imul__": "mul",
-    "__itruediv__": "div",
-    "__ifloordiv__": "floor_divide",
-    "__imod__": "remainder",
-    "__ipow__": "pow",
-    "__iand__": "bitwise_and",
-    "__ior__": "bitwise_or",
-    "__ixor__": "bitwise_xor",
-    "__ilshift__": "bitwise_left_shift",
-    "__irshift__": "bitwise_right_shift",
-}
-
-
 def _in_place(name: str, out_of_place: Any) -> Callable[..., Any]:
     def in_place(self: Lazy, *args: Any, **kwargs: Any) -> Lazy:
         if out_of_place is None:
@@ -294,13 +286,13 @@ def _method(name: str) -> Callable[..., Any]:
 
 def _install_methods() -> None:
     for name in dir(torch.Tensor):
-        if name in _NOT_RECORDED or name in Lazy.__dict__ or name in ("shape", "dtype", "device"):
+        if name in NOT_RECORDED or name in Lazy.__dict__ or name in ("shape", "dtype", "device"):
             continue
         attr = getattr(torch.Tensor, name, None)
         if name in _SPECIAL_IN_PLACE:
             setattr(Lazy, name, _SPECIAL_IN_PLACE[name])
-        elif name in _AUGMENTED:
-            setattr(Lazy, name, _in_place(name, getattr(torch.Tensor, _AUGMENTED[name], None)))
+        elif name in AUGMENTED:
+            setattr(Lazy, name, _in_place(name, getattr(torch.Tensor, AUGMENTED[name], None)))
         elif not callable(attr) or isinstance(attr, type):
             continue
         elif name.endswith("_") and not name.startswith("_"):
