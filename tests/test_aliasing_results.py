@@ -6,6 +6,8 @@ where eager PyTorch aliases), or a ``requires_grad`` other than eager's.
 
 from __future__ import annotations
 
+import dataclasses
+import types
 from typing import Any
 
 import pytest
@@ -249,3 +251,68 @@ def test_a_module_that_reads_requires_grad_of_an_argument_is_not_cached(schedule
 
     stats = assert_matches_eager(calls, INSTANCES, module, scheduler)  # type: ignore[arg-type]
     assert any("reads requires_grad" in reason for reason in stats.module_misses)
+
+
+class _Configured(nn.Module):
+    """Scales by an attribute of a configuration object it is called with."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor, config: Any) -> torch.Tensor:
+        return self.lin(x) * config.scale
+
+
+@dataclasses.dataclass(frozen=True)
+class _Frozen:
+    scale: float
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_a_module_called_with_an_object_that_changes_is_not_cached(scheduler: str) -> None:
+    """The key holds such an object by identity: two calls confirmed a template that later
+    calls replayed with the attribute's old value (a silently different result). An object
+    hashed by value (a frozen dataclass) is part of the key, and such calls are cached."""
+    torch.manual_seed(0)
+    module = _Configured()
+    config = types.SimpleNamespace(scale=1.0)
+
+    def calls(x: list[float]) -> Any:
+        outs = []
+        for k in range(4):
+            config.scale = 1.0 if k < 2 else 5.0
+            outs.append(module(torch.tensor(x), config))
+        return outs
+
+    stats = assert_matches_eager(calls, INSTANCES, module, scheduler)  # type: ignore[arg-type]
+    assert any("may change between calls" in reason for reason in stats.module_misses)
+
+    def frozen(x: list[float]) -> Any:
+        return [module(torch.tensor(x), _Frozen(1.0 if k < 2 else 5.0)) for k in range(4)]
+
+    stats = assert_matches_eager(frozen, INSTANCES, module, scheduler)  # type: ignore[arg-type]
+    assert stats.module_calls_cached > 0 and not stats.module_misses
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_function_called_with_an_object_that_changes_records_its_ops(batched: bool) -> None:
+    """A ``bf.function`` node keeps its arguments until the batch runs: with an object the
+    key holds by identity, every call once saw the object's last state."""
+    torch.manual_seed(0)
+    weight = torch.randn(3, 3)
+    config = types.SimpleNamespace(scale=1.0)
+
+    def scaled(x: torch.Tensor, settings: Any) -> torch.Tensor:
+        return (x @ weight) * settings.scale
+
+    fn = bf.function(scaled, batched=batched)
+
+    def calls(x: list[float]) -> Any:
+        outs = []
+        for k in range(3):
+            config.scale = k + 1.0
+            outs.append(fn(torch.tensor(x), config))
+        return outs
+
+    assert_matches_eager(calls, INSTANCES)  # type: ignore[arg-type]

@@ -9,6 +9,7 @@ builds the same parts for the commonest calls on its fast path.
 from __future__ import annotations
 
 import enum
+import types
 from typing import Any
 
 import torch
@@ -20,6 +21,7 @@ from .tensor import Lazy
 Tensor = torch.Tensor
 _mode_active = torch._C._is_torch_function_mode_enabled
 _PLAIN = frozenset((type(None), str, int, float, bool))  # keyword values keyed as they are
+_CODE = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type)
 _IMMUTABLE = frozenset(
     [type(None), str, bytes, complex, torch.dtype, torch.device, torch.Size, torch.layout]
 )
@@ -28,10 +30,14 @@ _IMMUTABLE = frozenset(
 class CallKeys:
     """The recorder's keys of calls (a base class of ``Recorder``).
 
-    It sets the recorder's ``by_identity`` when a key holds an object by identity.
+    It sets the recorder's ``by_identity`` when a key holds an object by identity, and its
+    ``mutable_object`` when that object is neither a tensor (keyed with its version) nor
+    code (a function, a class) and hashes by identity (a ``SimpleNamespace``, a dataclass):
+    a module call with such an argument is not cached (see ``ModuleCache.call``).
     """
 
     by_identity: bool
+    mutable_object: bool = False
 
     def args_key(self, args: tuple[Any, ...], inputs: list[int]) -> tuple[Any, ...]:
         """The key of positional arguments (see :meth:`_key`): lazy values and numbers, also in
@@ -106,6 +112,8 @@ class CallKeys:
             return (slice, obj.start, obj.stop, obj.step)
         if kind not in _IMMUTABLE and not isinstance(obj, enum.Enum):
             self.by_identity = True  # an object that may change, or be another at that id
+            if not isinstance(obj, _CODE) and kind.__hash__ in (None, object.__hash__):
+                self.mutable_object = True  # keyed by identity: its attributes may change
         try:
             hash(obj)
         except TypeError:

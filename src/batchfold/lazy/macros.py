@@ -153,17 +153,21 @@ class ModuleCache:
     def call(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """``module(*args, **kwargs)`` inside ``batch_map``: a macro node, or traced op by op."""
         rec = self.rec
-        rec.by_identity = False
+        rec.by_identity = rec.mutable_object = False
         if rec.ragged and _takes_sequences(args, kwargs):  # keyed without the length
             found = ragged_key(self, module, args, kwargs)
             assert found is not None  # _takes_sequences: some lazy input has a dim
             rows = any(len(m.shape) >= 2 for m in found[2])
+            if rec.mutable_object:
+                return self._uncached(module, args, kwargs)
             if not by_shape(self.entries.get(found[0]), found[4], rows):
                 return call_ragged(self, module, args, kwargs, *found)
         inputs: list[int] = []
         key = (id(module), module.training, grad_mode(), rec.args_key(args, inputs))
         if kwargs:
             key = (*key, rec.kwargs_key(kwargs, inputs))
+        if rec.mutable_object:
+            return self._uncached(module, args, kwargs)
         entry = self.entry_for(key, module)
         if entry.template is None and entry.reason is None:
             earlier = kept(key, module)  # confirmed by an earlier batch_map
@@ -200,6 +204,12 @@ class ModuleCache:
             elif any(own_hooks(m) for m in module.modules()):
                 entry.reason = "it or a submodule has hooks"
         return entry
+
+    def _uncached(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A call recorded op by op because an argument is an object the key would hold by
+        identity (a config namespace): changed between calls, a cached call would not see it."""
+        self.misses[f"{type(module).__name__}: {MUTABLE_ARGUMENT}"] += 1
+        return ORIGINAL_CALL(module, *args, **kwargs)
 
     def note_reads(self, entry: _Entry, trace: Trace) -> None:
         """Add what a trace of ``entry``'s call read of tensors from outside (see kept.py)."""
@@ -361,6 +371,8 @@ def _arguments(entry: _Entry, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     outs = [lazies[k] for _, k in refs]
     return build(entry.template.structure, outs)
 
+
+MUTABLE_ARGUMENT = "takes an object that may change between calls (keyed by identity)"
 
 _INDEX_DTYPES = frozenset([torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8])
 _SEQUENCE: dict[TensorMeta, bool] = {}  # _is_sequence of each meta seen (metas are interned)

@@ -28,6 +28,7 @@ from ..stats import Stats
 from . import graphs
 from .call_keys import CallKeys
 from .dispatch import ORIGINAL_TENSOR
+from .function import BatchedFunction
 from .lengths import plain_lengths
 from .macros import ModuleCache
 from .semantics import VIEW_NAMES
@@ -164,7 +165,7 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
         ):  # torch.as_tensor(x, dtype=dtype, device=device), torch.zeros(n)
             return self.sources.make(func, args, kwargs)
         inputs: list[int] = []
-        self.by_identity = False
+        self.by_identity = self.mutable_object = False
         parts = self.args_key(args, inputs)
         if not inputs and func in FACTORIES and not has_lazy((), kwargs):
             return self.sources.make(func, args, kwargs)
@@ -173,6 +174,9 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
             key = (func, parts, self.kwargs_key(kwargs, inputs), mode)
         else:
             key = (func, parts, mode)
+        if self.mutable_object and type(func) is BatchedFunction:
+            # its node would run with the object as it is when the batch runs: its ops instead
+            return func.eager(*args, **kwargs)
         if not inputs:
             return self._eager(func, args, kwargs, key)
         graph = self.graph
