@@ -156,16 +156,26 @@ def test_an_instances_tensor_changed_after_as_tensor_read_it_is_refused() -> Non
         bf.batch_map(fn, _inputs(2))
 
 
-def test_an_instances_array_changed_after_as_tensor_read_it_keeps_the_old_values() -> None:
-    def fn(x: np.ndarray) -> Any:
+def test_an_instances_array_changed_after_as_tensor_read_it_is_refused() -> None:
+    """Eagerly the tensor shares the array's memory: ops before the change see the old
+    values, ops after it the new ones (a copy read when the batch runs gave the old ones to
+    all). NumPy memory has no version, so the copy is compared with the array at the run."""
+
+    def before(x: np.ndarray) -> Any:
         doubled = torch.as_tensor(x) * 2
-        x += 1.0  # NumPy memory has no version to watch: the source keeps a copy
+        x += 1.0
         return doubled
 
-    got = bf.batch_map(fn, [np.ones(3), np.zeros(3)])
-    want = [fn(x) for x in [np.ones(3), np.zeros(3)]]
-    for g, w in zip(got, want, strict=True):
-        torch.testing.assert_close(g, w)
+    def after(x: np.ndarray) -> Any:
+        t = torch.as_tensor(x)
+        x += 1.0
+        return t * 2  # eagerly the new values
+
+    for fn in (before, after):
+        with pytest.raises(UnsupportedOpError, match=r"NumPy array .* was changed before"):
+            bf.batch_map(fn, [np.ones(3), np.zeros(3)])
+    unchanged = bf.batch_map(lambda x: torch.as_tensor(x) * 2, [np.ones(3)])
+    torch.testing.assert_close(unchanged[0], torch.full((3,), 2.0, dtype=torch.float64))
 
 
 def test_writes_into_a_cast_of_an_instances_tensor_record() -> None:

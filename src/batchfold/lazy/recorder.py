@@ -291,6 +291,16 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
                     "the old ones. Copy it first: torch.as_tensor(x).clone()."
                 )
         self.sources.watched = []
+        for array, copy in self.sources.arrays:
+            if array.tobytes() != copy.numpy().tobytes():
+                raise UnsupportedOpError(
+                    f"an instance's NumPy array ({array.shape}) read with torch.as_tensor or "
+                    "torch.from_numpy, whose memory eager PyTorch shares, was changed before "
+                    "batch_map ran the recorded ops: eagerly, ops after the change see the new "
+                    "values and ops before it the old ones, which batch_map cannot tell "
+                    "apart. Copy it when reading it (torch.tensor(x)), or change it before."
+                )
+        self.sources.arrays = []
         signatures = self.graph.signatures
         for pool in self.graph.touched:  # the buffers holding pending nodes
             sig = signatures[pool]

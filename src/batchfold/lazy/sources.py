@@ -74,6 +74,7 @@ _NUMBER_KEYWORDS = frozenset(("dtype", "device"))
 
 
 _AS_TENSOR = torch.as_tensor
+_SHARING = frozenset([torch.as_tensor, torch.asarray])  # a tensor argument: returned itself
 
 
 def _same_memory(value: Tensor, data: Any) -> bool:
@@ -100,6 +101,7 @@ class SourceMaker:
         # PyTorch writes into them change x, which a recorded write does not (writes.py)
         self.instance_memory: set[int] = set()
         self.watched: list[tuple[Tensor, int]] = []  # such tensors pending, with their versions
+        self.arrays: list[tuple[np.ndarray, Tensor]] = []  # such NumPy arrays, with copies
 
     def operand(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """``x - c`` whose number ``c`` has differed between calls: ``c`` as a source node.
@@ -246,9 +248,12 @@ class SourceMaker:
         value = func(*args, **kwargs)
         if not isinstance(value, Tensor):
             return value
-        own = func is _AS_TENSOR and _same_memory(value, args[0])
-        if own and not isinstance(args[0], Tensor):
-            value = value.clone()  # a NumPy array's memory: no version to watch, so a copy now
+        data = args[0] if args else None
+        array = isinstance(data, np.ndarray) and _same_memory(value, data)
+        own = array or (func in _SHARING and value is data)
+        if isinstance(data, np.ndarray) and array:  # as_tensor, asarray: eager shares its
+            value = value.clone()  # memory, which has no version: a copy now, compared later
+            self.arrays.append((data, value))
         meta = TensorMeta.of(tuple(value.shape), value.dtype, value.device)
         sig = self._signature(func, meta, "tensor")
         vid = rec.graph.add(sig, (), rec.instance, value)
