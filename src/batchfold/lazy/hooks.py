@@ -34,6 +34,7 @@ from torch.nn.modules import module as _TORCH_MODULE
 from . import dispatch
 from .context import THREAD
 from .macros import MISSED
+from .module_state import ORIGINAL_SETATTR, SET_AT, module_setattr
 from .ragged_macros import ORIGINAL_CALL
 from .semantics import own_hooks
 from .tensor import has_lazy
@@ -82,6 +83,7 @@ def install() -> None:
                 _STANCE.append(torch.compiler.set_stance("force_eager"))
         _INSTALLED[0] += 1  # nothing below raises: what was done is undone by uninstall
         nn.Module._call_impl = _module_call  # type: ignore[method-assign]
+        nn.Module.__setattr__ = module_setattr  # type: ignore[method-assign]
         dispatch.patch(True)
 
 
@@ -92,6 +94,8 @@ def uninstall() -> None:
         _INSTALLED[0] -= 1
         if _INSTALLED[0] == 0:
             nn.Module._call_impl = ORIGINAL_CALL  # type: ignore[method-assign]
+            nn.Module.__setattr__ = ORIGINAL_SETATTR  # type: ignore[method-assign]
+            SET_AT.clear()
             dispatch.patch(False)
             if _STANCE:
                 _STANCE.pop().__exit__(None, None, None)  # the stance before install

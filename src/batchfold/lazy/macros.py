@@ -20,12 +20,21 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from ..graph import OUT_BITS, Signature, TensorMeta
+from ..graph import OUT_BITS, Signature
 from ..ops import OpRule
 from .inference import template
 from .kept import keep, kept
 from .lengths import Guard
-from .ragged_keys import BY_SHAPE, by_shape, ragged_hit, ragged_key
+from .module_state import EPOCH, Watch
+from .ragged_keys import (
+    BY_SHAPE,
+    SEQUENCE,
+    by_shape,
+    is_sequence,
+    ragged_hit,
+    ragged_key,
+    takes_sequences,
+)
 from .ragged_macros import ORIGINAL_CALL, RaggedMacro, RaggedTemplate, call_ragged
 from .semantics import grad_mode, own_hooks
 from .sites import user_site
@@ -68,6 +77,7 @@ class _Entry:
         "guards",
         "macro",
         "read",
+        "watch",
     )
 
     def __init__(self, module: nn.Module) -> None:
@@ -90,6 +100,7 @@ class _Entry:
         # tensors from outside whose attributes its traces read; None if they read a value
         # into Python or the key holds an object by identity (never kept then: see kept.py)
         self.read: list[Tensor] | None = []
+        self.watch: Watch | None = None  # its modules' attribute sets (see module_state)
 
 
 class ModuleCache:
@@ -101,6 +112,7 @@ class ModuleCache:
         self.hits = 0
         self.traced = 0
         self.misses: Counter[str] = Counter()
+        self.epoch = EPOCH[0]  # module attribute sets seen (see module_state)
 
     def release(self) -> None:
         """Drop the entries; a ragged macro's member signatures refer back to it, so its
@@ -115,6 +127,8 @@ class ModuleCache:
         confirmed entry (for sequences, see :func:`ragged_hit`). Its result, or
         :data:`MISSED` (then :meth:`call`)."""
         rec = self.rec
+        if EPOCH[0] != self.epoch:
+            self.drop_changed()
         metas, inputs = [], []
         sequences = False
         ragged = rec.ragged
@@ -123,9 +137,9 @@ class ModuleCache:
                 return MISSED
             meta = a._meta
             if ragged and not sequences:
-                seq = _SEQUENCE.get(meta)
+                seq = SEQUENCE.get(meta)
                 if seq is None:
-                    seq = _SEQUENCE[meta] = _is_sequence(meta)
+                    seq = SEQUENCE[meta] = is_sequence(meta)
                 sequences = seq
             metas.append(meta)
             inputs.append(a._vid)
@@ -153,8 +167,10 @@ class ModuleCache:
     def call(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """``module(*args, **kwargs)`` inside ``batch_map``: a macro node, or traced op by op."""
         rec = self.rec
+        if EPOCH[0] != self.epoch:
+            self.drop_changed()
         rec.by_identity = rec.mutable_object = False
-        if rec.ragged and _takes_sequences(args, kwargs):  # keyed without the length
+        if rec.ragged and takes_sequences(args, kwargs):  # keyed without the length
             found = ragged_key(self, module, args, kwargs)
             assert found is not None  # _takes_sequences: some lazy input has a dim
             rows = any(len(m.shape) >= 2 for m in found[2])
@@ -192,11 +208,20 @@ class ModuleCache:
             return ORIGINAL_CALL(module, *args, **kwargs)
         return self._trace(key, entry, module, args, kwargs, inputs)
 
+    def drop_changed(self) -> None:
+        """Drop the entries one of whose modules had an attribute set since the entry was
+        made: their next calls are traced with the modules as they are now."""
+        self.epoch = EPOCH[0]
+        for key, entry in list(self.entries.items()):
+            if entry.reason is None and entry.watch is not None and entry.watch.changed():
+                del self.entries[key]
+
     def entry_for(self, key: Any, module: nn.Module) -> _Entry:
         """The cache entry of ``key``, made (switched off where the module asks) if new."""
         entry = self.entries.get(key)
         if entry is None:
             entry = self.entries[key] = _Entry(module)
+            entry.watch = Watch(module)
             if self.rec.by_identity:
                 entry.read = None
             if getattr(module, _OFF, False):
@@ -373,32 +398,3 @@ def _arguments(entry: _Entry, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
 
 
 MUTABLE_ARGUMENT = "takes an object that may change between calls (keyed by identity)"
-
-_INDEX_DTYPES = frozenset([torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8])
-_SEQUENCE: dict[TensorMeta, bool] = {}  # _is_sequence of each meta seen (metas are interned)
-
-
-def _is_sequence(meta: TensorMeta) -> bool:
-    """A sequence (2 or more dims) or a vector of integers (a sentence's word ids)."""
-    rank = len(meta.shape)
-    return rank >= 2 or (rank == 1 and meta.dtype in _INDEX_DTYPES)
-
-
-def _takes_sequences(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    """Whether a call gets a lazy tensor of 2 or more dims (a sequence, say), or a vector of
-    integers (a sentence's word ids)."""
-    return _any_sequence(args) or (bool(kwargs) and _any_sequence(kwargs.values()))
-
-
-def _any_sequence(items: Any) -> bool:
-    for item in items:
-        kind = type(item)
-        if kind is Lazy:
-            found = _is_sequence(item._meta)
-        elif kind is tuple or kind is list or kind is dict:
-            found = _any_sequence(item.values() if kind is dict else item)
-        else:
-            continue
-        if found:
-            return True
-    return False

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import nn
 
 from ..graph import TensorMeta
@@ -24,6 +25,7 @@ from .inference import lazy_metas
 from .kept import kept_keys
 from .lengths import FIXED, SQUARE, guards_hold, rows_flag
 from .semantics import grad_mode, own_hooks
+from .tensor import Lazy
 
 if TYPE_CHECKING:
     from .macros import ModuleCache, _Entry
@@ -219,3 +221,34 @@ def _key(
         kwargs_square = square - positional if square >= positional else -1
         key = (*key, family_key(kparts, ragged_in[positional:], kwargs_square))
     return key
+
+
+_INDEX_DTYPES = frozenset([torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8])
+SEQUENCE: dict[TensorMeta, bool] = {}
+"""``is_sequence`` of each meta seen (metas are interned): the cache's fast path reads it."""
+
+
+def is_sequence(meta: TensorMeta) -> bool:
+    """A sequence (2 or more dims) or a vector of integers (a sentence's word ids)."""
+    rank = len(meta.shape)
+    return rank >= 2 or (rank == 1 and meta.dtype in _INDEX_DTYPES)
+
+
+def takes_sequences(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a call gets a lazy tensor of 2 or more dims (a sequence, say), or a vector of
+    integers (a sentence's word ids)."""
+    return _any_sequence(args) or (bool(kwargs) and _any_sequence(kwargs.values()))
+
+
+def _any_sequence(items: Any) -> bool:
+    for item in items:
+        kind = type(item)
+        if kind is Lazy:
+            found = is_sequence(item._meta)
+        elif kind is tuple or kind is list or kind is dict:
+            found = _any_sequence(item.values() if kind is dict else item)
+        else:
+            continue
+        if found:
+            return True
+    return False

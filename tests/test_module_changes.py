@@ -1,0 +1,69 @@
+"""A module changed between its calls inside one ``batch_map`` (an attribute, a parameter or a
+submodule replaced, a submodule switched to eval) is traced again, so its cached calls do what
+eager calls do with the module as it is then. Each case once replayed the first calls'
+module, silently (``batchfold.lazy.module_state``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import batchfold as bf
+from batchfold.schedule import Scheduler
+
+pytestmark = pytest.mark.usefixtures("float64")
+
+
+class _Scaled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.drop = nn.Dropout(0.5)
+        self.scale = 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.lin(x)) * self.scale
+
+
+def _changes() -> dict[str, Callable[[_Scaled], None]]:
+    weight, linear = nn.Parameter(torch.ones(3, 3)), nn.Linear(3, 3)
+    return {
+        "attribute": lambda m: setattr(m, "scale", 5.0),
+        "parameter": lambda m: setattr(m.lin, "weight", weight),
+        "submodule": lambda m: setattr(m, "lin", linear),
+        "submodule eval": lambda m: m.drop.eval(),
+    }
+
+
+@pytest.mark.parametrize("change", list(_changes()))
+@pytest.mark.parametrize("scheduler", ["agenda", "depth"])
+def test_a_module_changed_between_calls_is_traced_again(change: str, scheduler: Scheduler) -> None:
+    changes = _changes()  # the same new weights for both runs
+
+    def calls(module: _Scaled) -> Callable[[list[float]], Any]:
+        def fn(x: list[float]) -> Any:
+            t = torch.tensor(x)
+            module(t), module(t * 2)  # traced twice: confirmed, then cached
+            changes[change](module)
+            return module(t * 3)  # eagerly with the changed module
+
+        return fn
+
+    inputs = [[1.0, -2.0, 0.5], [0.0, 1.0, 2.0], [3.0, 1.0, -1.0]]
+    want = []
+    for x in inputs:  # a fresh module per instance, as the batch's first instance sees it
+        torch.manual_seed(0)
+        module = _Scaled()
+        module.drop.p = 0.0 if change != "submodule eval" else module.drop.p
+        want.append(calls(module)(x))
+    torch.manual_seed(0)
+    module = _Scaled()
+    module.drop.p = 0.0 if change != "submodule eval" else module.drop.p
+    got = bf.batch_map(calls(module), inputs, scheduler=scheduler)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10)
