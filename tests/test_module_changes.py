@@ -30,7 +30,7 @@ class _Scaled(nn.Module):
         return self.drop(self.lin(x)) * self.scale
 
 
-def _changes() -> dict[str, Callable[[_Scaled], None]]:
+def _changes() -> dict[str, Callable[[_Scaled], Any]]:
     weight, linear = nn.Parameter(torch.ones(3, 3)), nn.Linear(3, 3)
     return {
         "attribute": lambda m: setattr(m, "scale", 5.0),
@@ -48,7 +48,7 @@ def test_a_module_changed_between_calls_is_traced_again(change: str, scheduler: 
     def calls(module: _Scaled) -> Callable[[list[float]], Any]:
         def fn(x: list[float]) -> Any:
             t = torch.tensor(x)
-            module(t), module(t * 2)  # traced twice: confirmed, then cached
+            _ = module(t), module(t * 2)  # traced twice: confirmed, then cached
             changes[change](module)
             return module(t * 3)  # eagerly with the changed module
 

@@ -8,7 +8,9 @@ recorder (:mod:`.macros`) and PyTorch's Python-level functions straight to the r
 The cache takes the place of ``nn.Module._call_impl``, which ``nn.Module.__call__`` calls,
 rather than of ``__call__``: a change of ``__call__`` updates the call slot of every
 ``nn.Module`` subclass, about 0.4 ms each way on each ``batch_map`` call, and leaves slower
-attribute lookups behind it.
+attribute lookups behind it. For that reason ``nn.Module.__setattr__``, which notes the
+modules changed while ``batch_map`` records (:mod:`.module_state`), is replaced once, by the
+first ``install``, and stays: outside ``batch_map`` it only calls PyTorch's.
 
 Once ``torch.compile`` is in use in the process (``torch._dynamo`` imported), the hooks also
 set ``torch.compiler.set_stance("force_eager")`` while they are in place: a compiled module
@@ -34,7 +36,7 @@ from torch.nn.modules import module as _TORCH_MODULE
 from . import dispatch
 from .context import THREAD
 from .macros import MISSED
-from .module_state import ORIGINAL_SETATTR, SET_AT, module_setattr
+from .module_state import ACTIVE, SET_AT, module_setattr
 from .ragged_macros import ORIGINAL_CALL
 from .semantics import own_hooks
 from .tensor import has_lazy
@@ -83,7 +85,9 @@ def install() -> None:
                 _STANCE.append(torch.compiler.set_stance("force_eager"))
         _INSTALLED[0] += 1  # nothing below raises: what was done is undone by uninstall
         nn.Module._call_impl = _module_call  # type: ignore[method-assign]
-        nn.Module.__setattr__ = module_setattr  # type: ignore[method-assign]
+        if nn.Module.__setattr__ is not module_setattr:  # once a process (module_state.py)
+            nn.Module.__setattr__ = module_setattr  # type: ignore[method-assign]
+        ACTIVE[0] += 1
         dispatch.patch(True)
 
 
@@ -92,9 +96,9 @@ def uninstall() -> None:
     ``handle_torch_function``."""
     with _LOCK:
         _INSTALLED[0] -= 1
+        ACTIVE[0] -= 1
         if _INSTALLED[0] == 0:
             nn.Module._call_impl = ORIGINAL_CALL  # type: ignore[method-assign]
-            nn.Module.__setattr__ = ORIGINAL_SETATTR  # type: ignore[method-assign]
             SET_AT.clear()
             dispatch.patch(False)
             if _STANCE:
