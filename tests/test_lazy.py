@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import random
 from typing import Any
@@ -363,3 +364,36 @@ def test_results_in_dataclasses_come_back_as_tensors() -> None:
         assert type(got) is Output and got.count == want.count
         assert torch.equal(got.state, want.state)
         assert all(torch.equal(a, b) for a, b in zip(got.parts, want.parts, strict=True))
+
+
+def test_deepcopy_of_a_lazy_value_copies_it_or_refuses_as_eager() -> None:
+    """``copy.deepcopy`` of a lazy tensor once failed inside the recorder with an
+    ``AttributeError``; it is a recorded clone, and a value that requires grad is refused as
+    eagerly (no graph leaf)."""
+    weight = torch.randn(2, requires_grad=True)
+
+    def copies(x: list[float]) -> Any:
+        t = torch.tensor(x) * 2
+        c = copy.deepcopy({"t": t, "n": 1})["t"]
+        c.add_(1)  # a copy: t stays
+        return t, c
+
+    inputs = [[1.0, 2.0], [3.0, 4.0]]
+    for got, want in zip(bf.batch_map(copies, inputs), map(copies, inputs), strict=True):
+        assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+    with pytest.raises(RuntimeError, match="graph leaves"):
+        bf.batch_map(lambda x: copy.deepcopy(torch.tensor(x) * weight), inputs)
+
+
+def test_a_shallow_copy_shares_the_value_as_eager() -> None:
+    """Eagerly ``copy.copy(t)`` is another tensor on ``t``'s memory: a write into the copy
+    changes ``t``; the copied lazy object once got the write alone."""
+
+    def writes(x: list[float]) -> Any:
+        t = torch.tensor(x) * 2
+        copy.copy(t).add_(1)
+        return t
+
+    inputs = [[1.0, 2.0], [3.0, 4.0]]
+    for got, want in zip(bf.batch_map(writes, inputs), map(writes, inputs), strict=True):
+        assert torch.equal(got, want)

@@ -96,6 +96,23 @@ class Lazy:
         lazy = first_lazy((args, kwargs))
         return lazy._rec.call(func, args, kwargs or {})
 
+    def __copy__(self) -> Lazy:
+        """``copy.copy``: eagerly another tensor object on the same memory, so a write through
+        either shows in both; here the value itself (the one thing that differs: ``is``)."""
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Lazy:
+        """A copy, as eager PyTorch's ``copy.deepcopy`` of a tensor: refused, as eagerly, for a
+        value that requires grad (no leaf)."""
+        if self.requires_grad:
+            raise RuntimeError(
+                "Only Tensors created explicitly by the user (graph leaves) support the "
+                "deepcopy protocol at the moment. If you were attempting to deepcopy a module, "
+                "this may be because of a torch.nn.utils.weight_norm usage, see "
+                "https://github.com/pytorch/pytorch/pull/103001"
+            )
+        return self._rec.call(torch.Tensor.clone, (self,), {})
+
     def __repr__(self) -> str:
         return f"Lazy({self._meta}, value {self._vid})"
 
