@@ -283,3 +283,40 @@ def test_a_branch_on_the_second_length_is_guarded() -> None:
     stats = _check(model, _graphs([(2, 3), (4, 5), (3, 9), (5, 1), (6, 8), (4, 4), (7, 7)]))
     # (5, 1) and (4, 4); (3, 9), (6, 8) and (7, 7) answer otherwise
     assert stats.module_calls_cached == 2
+
+
+class _UsesLength(nn.Module):
+    """Uses its sequence's length as a number, as positional codes and scaled sums do."""
+
+    def __init__(self, use: str) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.use = use
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x)
+        if self.use == "arange":
+            return torch.arange(x.size(0), dtype=h.dtype) @ h
+        if self.use == "linspace":
+            return torch.linspace(0.0, 1.0, x.size(0), dtype=h.dtype) @ h
+        return h.sum(0) * x.shape[0] ** 0.5 / (0.5 * x.size(0) + 1)
+
+
+@pytest.mark.usefixtures("float64")
+@pytest.mark.parametrize("use", ["arange", "linspace", "float arithmetic"])
+def test_a_traced_calls_length_as_a_number_in_factories_and_float_arithmetic(use: str) -> None:
+    """A ragged length handed to ``torch.arange`` or ``torch.linspace`` met PyTorch's argument
+    parser (a ``TypeError``), and ``n ** 0.5`` or ``0.5 * n`` a ``TypeError`` from ``int``'s
+    own methods; now each is the number, and the call is recorded op by op."""
+    torch.manual_seed(0)
+    module = _UsesLength(use)
+
+    def fn(x: torch.Tensor) -> list[torch.Tensor]:
+        return [module(torch.as_tensor(x) * k) for k in (1.0, 2.0, 3.0)]
+
+    items = [torch.randn(length, 4) for length in (1, 5, 2, 6, 3)]
+    got, stats = bf.batch_map(fn, items, return_stats=True)
+    for g, w in zip(got, [fn(x) for x in items], strict=True):
+        for a, b in zip(g, w, strict=True):
+            torch.testing.assert_close(a, b)
+    assert any("uses the length" in reason for reason in stats.module_misses)

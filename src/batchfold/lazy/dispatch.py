@@ -35,6 +35,7 @@ from torch.utils._device import _device_constructors
 
 from . import refusals
 from .context import active_recorder
+from .lengths import Length, plain_lengths
 from .tensor import Lazy
 
 ORIGINAL = torch.overrides.handle_torch_function
@@ -148,6 +149,27 @@ def cross_entropy(
     )
 
 
+def _taking_lengths(name: str, original: Any) -> Any:
+    def factory(*args: Any, **kwargs: Any) -> Any:
+        if any(type(a) is Length for a in (*args, *kwargs.values())):
+            args, kwargs = plain_lengths(args), plain_lengths(kwargs)
+        return original(*args, **kwargs)
+
+    factory.__name__ = name
+    factory.__doc__ = (
+        f"``torch.{name}`` that takes a traced call's ragged length (``x.size(0)``, see "
+        "lazy/lengths.py) as its number, noting the use: PyTorch's argument parser refuses "
+        "it before any mode sees it."
+    )
+    return factory
+
+
+_LENGTH_FACTORIES = [
+    (torch, name, getattr(torch, name), _taking_lengths(name, getattr(torch, name)))
+    for name in ("arange", "linspace", "logspace", "tril_indices", "triu_indices")
+]
+
+
 def patch(on: bool) -> None:
     """Put :func:`handle` in place of PyTorch's (``on``), or PyTorch's back; the same for
     :func:`tensor` and ``torch.tensor``, :func:`cross_entropy` and ``F.cross_entropy``, and the
@@ -166,6 +188,7 @@ def patch(on: bool) -> None:
         (torch, "tensor", ORIGINAL_TENSOR, tensor),
         (torch, "as_tensor", ORIGINAL_AS_TENSOR, as_tensor),
         (torch.nn.functional, "cross_entropy", ORIGINAL_CROSS_ENTROPY, cross_entropy),
+        *_LENGTH_FACTORIES,
     ]
     for module, name, original, replacement in swaps:
         if getattr(module, name) is (original if on else replacement):

@@ -101,9 +101,36 @@ def _other(name: str) -> Any:
 
     def method(self: Length, *args: Any) -> Any:
         args = tuple(a.used(how) if type(a) is Length else a for a in args)
-        return plain(self.used(how), *args)
+        value = self.used(how)
+        result = plain(value, *args)
+        if result is NotImplemented and len(args) == 1:  # int's own declines 0.5: n * 0.5
+            reflected = getattr(args[0], _REFLECTED.get(name, name), None)
+            result = reflected(value) if reflected is not None else NotImplemented
+        return result
 
     return method
+
+
+# n.__mul__(0.5) is answered by (0.5).__rmul__(n), n.__rmul__(0.5) by (0.5).__mul__(n)
+_REFLECTED = {
+    f"__{op}__": f"__r{op}__"
+    for op in [
+        "add",
+        "sub",
+        "mul",
+        "floordiv",
+        "truediv",
+        "mod",
+        "divmod",
+        "pow",
+        "and",
+        "or",
+        "xor",
+        "lshift",
+        "rshift",
+    ]
+}
+_REFLECTED |= {reflected: plain for plain, reflected in _REFLECTED.items()}
 
 
 for _name in _COMPARE:
