@@ -39,9 +39,9 @@ class CallKeys:
     by_identity: bool
     mutable_object: bool = False
 
-    def args_key(self, args: tuple[Any, ...], inputs: list[int]) -> tuple[Any, ...]:
-        """The key of positional arguments (see :meth:`_key`): lazy values and numbers, also in
-        a list or tuple (``torch.cat([h, c])``, ``h[:, 0]``), without recursion."""
+    def args_key(self, args: tuple[Any, ...] | list[Any], inputs: list[int]) -> tuple[Any, ...]:
+        """The key of positional arguments (see :meth:`_key`, which it equals for a list or
+        tuple of them: ``torch.cat([h, c])``, ``h[:, 0]``): lazy values and numbers inline."""
         parts = []
         for a in args:
             kind = type(a)
@@ -51,17 +51,7 @@ class CallKeys:
             elif kind is int or kind is float or kind is bool:
                 parts.append((kind, a))
             elif kind is list or kind is tuple:
-                part: list[Any] = [kind]
-                for item in a:
-                    k = type(item)
-                    if k is Lazy and item._rec is self:
-                        inputs.append(item._vid)
-                        part.append(item._meta)
-                    elif k is int or k is float or k is bool:
-                        part.append((k, item))
-                    else:
-                        part.append(self._key(item, inputs))
-                parts.append(tuple(part))
+                parts.append((kind, *self.args_key(a, inputs)))
             else:
                 parts.append(self._key(a, inputs))  # a lazy value of another run: refused there
         return tuple(parts)

@@ -18,7 +18,7 @@ from ..graph import Signature
 from ..signature import INHERITS_GRAD, NO_GRAD
 from ..step_calls import Fallbacks, run_op, sources_batch
 from .lengths import FIXED, ROWS, SQUARE, Guard, class_of, rows_flag
-from .semantics import VIEW_NAMES, VIEWS_OF_EVERY_ARGUMENT
+from .semantics import VIEW_NAMES, VIEWS_OF_EVERY_ARGUMENT, base_name
 from .sites import version
 from .tensor import Lazy, flatten_lazies
 
@@ -132,7 +132,7 @@ def _views_of_arguments(ops: list[tuple[Signature, tuple[Any, ...], Any]]) -> se
     any of them for some (``einsum``), or of another such op's output (``b.t()[0]``)."""
     views: set[int] = set()
     for j, (sig, ins, _) in enumerate(ops):
-        name = getattr(sig.func, "__name__", "")
+        name = base_name(sig.func)
         if name in VIEW_NAMES:
             reads = ins if name in VIEWS_OF_EVERY_ARGUMENT else ins[:1]
             if any(ref[0] == 0 or ref[1] in views for ref in reads):

@@ -128,11 +128,11 @@ class InPlaceWrites:
         if type(result) is not Lazy:
             raise UnsupportedOpError(f"{what} at {user_site()} does not give one tensor")
         if result._meta.shape != target._meta.shape:
-            stem = what.split("(")[0].rstrip("_")
-            if stem in VIEW_NAMES or stem == "resize":  # x.unsqueeze_(0), x.t_(): valid eagerly
+            name = base_name(func)  # the out-of-place form recorded for the write
+            if name in VIEW_NAMES or name == "resize":  # x.unsqueeze_(0), x.t_(): valid eagerly
                 raise UnsupportedOpError(
                     f"{what} at {user_site()} changes the tensor's shape in place, which "
-                    f"batch_map does not record; rebind it instead: x = x.{stem}(...)"
+                    f"batch_map does not record; rebind it instead: x = x.{name}(...)"
                 )
             raise ShapeError(
                 f"{what} at {user_site()}: the result's shape {tuple(result.shape)} does not "
