@@ -152,7 +152,7 @@ def test_an_instances_tensor_changed_after_as_tensor_read_it_is_refused() -> Non
         x.add_(1.0)  # the instance's own tensor, changed in place
         return doubled
 
-    with pytest.raises(UnsupportedOpError, match=r"changed in place before batch_map ran"):
+    with pytest.raises(UnsupportedOpError, match=r"tensor .* changed in place inside the"):
         bf.batch_map(fn, _inputs(2))
 
 
@@ -172,10 +172,36 @@ def test_an_instances_array_changed_after_as_tensor_read_it_is_refused() -> None
         return t * 2  # eagerly the new values
 
     for fn in (before, after):
-        with pytest.raises(UnsupportedOpError, match=r"NumPy array .* was changed before"):
+        with pytest.raises(UnsupportedOpError, match=r"NumPy array .* was changed inside"):
             bf.batch_map(fn, [np.ones(3), np.zeros(3)])
     unchanged = bf.batch_map(lambda x: torch.as_tensor(x) * 2, [np.ones(3)])
     torch.testing.assert_close(unchanged[0], torch.full((3,), 2.0, dtype=torch.float64))
+
+
+def test_an_instances_memory_changed_after_a_sync_point_is_refused() -> None:
+    """A run at a sync point read the memory while it was unchanged; a change after it, then
+    a use of the tensor (or the tensor returned as it is), once gave the old values where
+    eagerly the tensor is the changed memory."""
+
+    def tensor_then_use(x: torch.Tensor) -> Any:
+        t = torch.as_tensor(x)
+        float(t.sum())  # a sync point: the batch so far runs
+        x.add_(1.0)
+        return t * 1
+
+    def array_returned(x: np.ndarray) -> Any:
+        t = torch.as_tensor(x)
+        float(t.sum())
+        x += 1.0
+        return t
+
+    cases = [
+        (tensor_then_use, [torch.ones(2), torch.zeros(2)], "tensor"),
+        (array_returned, [np.ones(2), np.zeros(2)], "NumPy array"),
+    ]
+    for fn, inputs, what in cases:
+        with pytest.raises(UnsupportedOpError, match=rf"{what} .* changed .*inside the function"):
+            bf.batch_map(fn, inputs)
 
 
 def test_writes_into_a_cast_of_an_instances_tensor_record() -> None:

@@ -69,7 +69,7 @@ def _as_itself(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Lazy | None:
             if torch.empty(0, device=device).device != x.device:
                 return None
     grad = kwargs.get("requires_grad")
-    if grad is None or (grad and x._vid not in x._rec.graph.grad_free):
+    if grad is None or (grad and x.requires_grad):
         return x  # requires_grad=True of a value that requires grad: eager returns it too
     if not grad:
         return x._rec.call(torch.Tensor.detach, (x,), {})
@@ -253,6 +253,7 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
             graphs.give_back(self.graph, self._context)
         self.graph, self.store, self.modules, self.trace = Graph(), Executor(), None, None
         self._shared, self._views_of, self._meta_cache = SharedCalls(), {}, {}
+        self.sources.watched, self.sources.arrays = [], []  # watched for the whole run
 
     # -- running -------------------------------------------------------------------------------
 
@@ -282,25 +283,7 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
         self.graph.clear_pending()
 
     def _check_shared_versions(self) -> None:
-        for tensor, seen in self.sources.watched:
-            if version(tensor) != seen:
-                raise UnsupportedOpError(
-                    f"an instance's tensor ({tuple(tensor.shape)}) read with torch.as_tensor, "
-                    "which made no copy, was changed in place before batch_map ran the "
-                    "recorded ops, so they would see its new values where eager PyTorch read "
-                    "the old ones. Copy it first: torch.as_tensor(x).clone()."
-                )
-        self.sources.watched = []
-        for array, copy in self.sources.arrays:
-            if array.tobytes() != copy.numpy().tobytes():
-                raise UnsupportedOpError(
-                    f"an instance's NumPy array ({array.shape}) read with torch.as_tensor or "
-                    "torch.from_numpy, whose memory eager PyTorch shares, was changed before "
-                    "batch_map ran the recorded ops: eagerly, ops after the change see the new "
-                    "values and ops before it the old ones, which batch_map cannot tell "
-                    "apart. Copy it when reading it (torch.tensor(x)), or change it before."
-                )
-        self.sources.arrays = []
+        self._check_instance_memory()
         signatures = self.graph.signatures
         for pool in self.graph.touched:  # the buffers holding pending nodes
             sig = signatures[pool]
@@ -339,6 +322,31 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
             else:
                 self.flush()
 
+    def _check_instance_memory(self) -> None:
+        """Refuse a run after an instance's own memory that ``torch.as_tensor`` read without a
+        copy changed: eagerly the tensor is that memory, so what eager code computes after the
+        change sees the new values, where the value batch_map read once does not. Checked at
+        every run and before results go back, for the whole ``batch_map`` (a change after a
+        sync point would reach values the first run computed)."""
+        for tensor, seen in self.sources.watched:
+            if version(tensor) != seen:
+                raise UnsupportedOpError(
+                    f"an instance's tensor ({tuple(tensor.shape)}) read with torch.as_tensor, "
+                    "which made no copy, was changed in place inside the function: eager "
+                    "PyTorch's tensor is that memory, so ops after the change see its new "
+                    "values, where batch_map read it once. Copy it first: "
+                    "torch.as_tensor(x).clone()."
+                )
+        for array, copy in self.sources.arrays:
+            if array.tobytes() != copy.numpy().tobytes():
+                raise UnsupportedOpError(
+                    f"an instance's NumPy array ({array.shape}) read with torch.as_tensor or "
+                    "torch.asarray, whose memory eager PyTorch shares, was changed inside the "
+                    "function: eagerly, ops after the change see the new values and ops "
+                    "before it the old ones, which batch_map cannot tell apart. Copy it when "
+                    "reading it (torch.tensor(x)), or change it before."
+                )
+
     def materialize(self, result: Any) -> Any:
         """Replace every lazy value in a (nested) result by its tensor.
 
@@ -355,6 +363,7 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
         # as in flush: a value keeps the history it was made with; the mode is off for the
         # getters (t.requires_grad)
         with torch._C.DisableTorchFunction(), torch.enable_grad():
+            self._check_instance_memory()  # changed after the last run: values read before
             tensors = self.store.values(vids)
             pairs = zip(vids, tensors, strict=True)
             values = iter([t.detach() if t.requires_grad and v in free else t for v, t in pairs])

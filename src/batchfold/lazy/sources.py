@@ -100,7 +100,7 @@ class SourceMaker:
         # values that are the instance's own memory (torch.as_tensor(x) made no copy): eager
         # PyTorch writes into them change x, which a recorded write does not (writes.py)
         self.instance_memory: set[int] = set()
-        self.watched: list[tuple[Tensor, int]] = []  # such tensors pending, with their versions
+        self.watched: list[tuple[Tensor, int]] = []  # such tensors, with their versions
         self.arrays: list[tuple[np.ndarray, Tensor]] = []  # such NumPy arrays, with copies
 
     def operand(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -249,17 +249,16 @@ class SourceMaker:
         if not isinstance(value, Tensor):
             return value
         data = args[0] if args else None
-        array = isinstance(data, np.ndarray) and _same_memory(value, data)
-        own = array or (func in _SHARING and value is data)
-        if isinstance(data, np.ndarray) and array:  # as_tensor, asarray: eager shares its
-            value = value.clone()  # memory, which has no version: a copy now, compared later
+        own = _same_memory(value, data) if func in _SHARING else False
+        if own and isinstance(data, np.ndarray):  # eager shares the array's memory, which has
+            value = value.clone()  # no version: a copy now, compared at every run (recorder.py)
             self.arrays.append((data, value))
         meta = TensorMeta.of(tuple(value.shape), value.dtype, value.device)
         sig = self._signature(func, meta, "tensor")
         vid = rec.graph.add(sig, (), rec.instance, value)
         if own:
             self.instance_memory.add(vid)
-            if value is args[0]:  # read when the batch runs: unchanged till then (recorder.py)
+            if value is data:  # read when the batch runs: watched till batch_map ends
                 self.watched.append((value, version(value)))
         if value.requires_grad:  # torch.zeros(3, requires_grad=True): stacked, it keeps its grad
             rec.graph.grad_free.discard(vid)
