@@ -151,6 +151,7 @@ def batch_map(
                     results = rec.driver.run(fn, instances)
                     rec.stats.instances = len(results)
                     rec.flush()
+                    rec.move_running_stats()
                     outputs = rec.materialize(results)
                 stats = _final_stats(rec, start)
             finally:

@@ -31,6 +31,7 @@ from .dispatch import ORIGINAL_TENSOR
 from .function import BatchedFunction
 from .lengths import plain_lengths
 from .macros import ModuleCache
+from .running_stats import NORMALISATIONS, RunningStats
 from .semantics import VIEW_NAMES
 from .shared_calls import READ, SharedCalls
 from .signatures import SignatureMaker
@@ -109,6 +110,7 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
         self._views_of: dict[int, list[weakref.ref[Lazy]]] = {}  # value id -> its lazy views
         self.trace: Trace | None = None  # the module call being traced, if any
         self.modules = ModuleCache(self) if cache_modules else None
+        self.running_stats = RunningStats()
         # set when a key holds an object by identity (a tensor, an unhashable or mutable
         # object); the module cache reads it after making a call's key (see kept.py)
         self.by_identity = False
@@ -144,6 +146,10 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
                 return known
         if self.closed:
             raise LazyValueError(LAZY_AFTER_RUN.format(what=f"{func_name(func)}()"))
+        if func in NORMALISATIONS:  # in training mode: see running_stats.py
+            out = self.running_stats.record(self, func, args, kwargs)
+            if out is not None:
+                return out
         if func in _AS_TENSOR and args and type(args[0]) is Lazy:
             itself = _as_itself(args, kwargs)
             if itself is not None:
@@ -281,6 +287,14 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
         self.stats.segments += 1
         self.stats.plan = plan
         self.graph.clear_pending()
+
+    def move_running_stats(self) -> None:
+        """Move the running statistics of normalisations in training mode, once the batch has
+        run (see :mod:`.running_stats`)."""
+        if self.running_stats.pending:
+            with torch._C.DisableTorchFunction():
+                vids = [x._vid for x in self.running_stats.lazies()]
+                self.running_stats.apply(self.store.values(vids))
 
     def _check_shared_versions(self) -> None:
         self._check_instance_memory()
