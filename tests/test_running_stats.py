@@ -151,3 +151,15 @@ def test_evaluation_mode_reads_the_statistics_and_moves_nothing() -> None:
         _rows([3, 2]),
         "agenda",
     )
+
+
+def test_a_block_function_refuses_to_move_statistics() -> None:
+    """A block graph has no batch_map end to move them at."""
+    from batchfold.blocks import Function, Vector, compile
+
+    norm = nn.BatchNorm1d(2)
+    model = compile(Vector(4) >> Function(lambda h: norm(h.view(2, 2)).sum(), per_instance=True))
+    with pytest.raises(UnsupportedOpError, match="inside a block Function"):
+        model([[1.0, -2.0, 0.5, 3.0]])
+    norm.eval()
+    model([[1.0, -2.0, 0.5, 3.0]])  # evaluation mode reads the statistics: recorded as any op

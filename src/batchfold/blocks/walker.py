@@ -321,6 +321,8 @@ class Tape:
 class InlineRecorder(Recorder):
     """Records the per-instance code of ``Function(..., per_instance=True)`` into a block graph."""
 
+    moves_running_stats = False  # no batch_map's end to move them at: refused
+
     def __init__(self, graph: Graph) -> None:
         super().__init__(ragged=False, graph=graph)  # block plans hold one row per node
 

@@ -87,6 +87,8 @@ _FACTORY_KEYWORDS = frozenset(("dtype", "device", "requires_grad"))  # ... and t
 class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
     """Records the PyTorch calls of one ``batch_map`` into a graph and runs it on demand."""
 
+    moves_running_stats = True  # batch_map moves them after the batch (see running_stats.py)
+
     def __init__(
         self,
         scheduler: Scheduler = "agenda",

@@ -96,6 +96,12 @@ class RunningStats:
                 if len(shape) >= 2
                 else f"{name} at {user_site()} needs an input of two or more dimensions"
             )
+        if not rec.moves_running_stats:
+            raise UnsupportedOpError(
+                f"{name} at {user_site()} in training mode with running statistics inside a "
+                "block Function: the statistics would not move. Run the layer in evaluation "
+                "mode there, or write the model for batch_map."
+            )
         if rec.trace is not None:  # a cached call would not run this again: never cache it
             rec.trace.refuse("moves running statistics in place (normalisation in training)")
         eps = named["eps"]
