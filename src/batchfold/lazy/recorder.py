@@ -32,7 +32,7 @@ from .function import BatchedFunction
 from .lengths import plain_lengths
 from .macros import ModuleCache
 from .running_stats import NORMALISATIONS, RunningStats
-from .semantics import VIEW_NAMES
+from .semantics import META_QUERIES, VIEW_NAMES
 from .shared_calls import READ, SharedCalls
 from .signatures import SignatureMaker
 from .sites import func_name, user_site, version
@@ -148,6 +148,8 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
                 return known
         if self.closed:
             raise LazyValueError(LAZY_AFTER_RUN.format(what=f"{func_name(func)}()"))
+        if func in META_QUERIES and len(args) == 1 and not kwargs and type(args[0]) is Lazy:
+            return META_QUERIES[func](args[0])  # x.ndimension(), torch.is_floating_point(x)
         if func in NORMALISATIONS:  # in training mode: see running_stats.py
             out = self.running_stats.record(self, func, args, kwargs)
             if out is not None:

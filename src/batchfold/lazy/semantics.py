@@ -9,6 +9,7 @@ every node runs under the grad mode it was recorded in.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -308,6 +309,22 @@ def refuse_unrecordable(
 
 # Tensor attributes the lazy tensor does not record as calls (object protocol, reads,
 # autograd, memory; see lazy/tensor.py)
+# calls that only ask about a value's dtype, rank or size (nn.MultiheadAttention asks
+# torch.is_floating_point(mask)): answered from the lazy value's shape and dtype at once
+META_QUERIES: dict[Any, Callable[[Any], Any]] = {
+    torch.is_floating_point: lambda x: x.dtype.is_floating_point,
+    torch.Tensor.is_floating_point: lambda x: x.dtype.is_floating_point,
+    torch.is_complex: lambda x: x.dtype.is_complex,
+    torch.Tensor.is_complex: lambda x: x.dtype.is_complex,
+    torch.is_signed: lambda x: x.dtype.is_signed,
+    torch.Tensor.is_signed: lambda x: x.dtype.is_signed,
+    torch.Tensor.ndimension: lambda x: x.dim(),
+    torch.Tensor.nelement: lambda x: x.numel(),
+    torch.numel: lambda x: x.numel(),
+    torch.Tensor.element_size: lambda x: x.dtype.itemsize,
+    torch.Tensor.get_device: lambda x: -1 if x.device.type == "cpu" else x.device.index,
+}
+
 NOT_RECORDED = frozenset(
     """
     __init__ __new__ __class__ __getattribute__ __setattr__ __delattr__ __repr__ __str__

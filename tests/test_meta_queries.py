@@ -1,0 +1,61 @@
+"""Calls that only ask about a lazy value's dtype, rank or size answer at once, as eagerly.
+
+``torch.is_floating_point(mask)`` (``nn.MultiheadAttention`` asks it of a key padding mask),
+``x.ndimension()`` (``torch.distributions`` asks it) and their kin were recorded as ops and
+refused, since they return no tensor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import batchfold as bf
+from batchfold.schedule import Scheduler
+from reference import assert_matches_eager
+
+SCHEDULERS = ["agenda", "depth"]
+_QUERIES: dict[str, Callable[[torch.Tensor], Any]] = {
+    "torch.is_floating_point": torch.is_floating_point,
+    "is_floating_point": lambda x: x.is_floating_point(),
+    "torch.is_complex": torch.is_complex,
+    "is_complex": lambda x: x.is_complex(),
+    "torch.is_signed": torch.is_signed,
+    "is_signed": lambda x: x.is_signed(),
+    "ndimension": lambda x: x.ndimension(),
+    "nelement": lambda x: x.nelement(),
+    "torch.numel": torch.numel,
+    "element_size": lambda x: x.element_size(),
+    "get_device": lambda x: x.get_device(),
+}
+
+
+@pytest.mark.parametrize("query", list(_QUERIES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool, torch.uint8])
+def test_a_query_answers_as_eagerly(query: str, dtype: torch.dtype) -> None:
+    ask = _QUERIES[query]
+    xs = [torch.ones(n, 3, dtype=dtype) for n in (2, 4)]
+
+    def fn(x: torch.Tensor) -> Any:
+        return ask(torch.as_tensor(x) * 1)  # a value computed inside
+
+    got = bf.batch_map(fn, xs)
+    assert got == [ask(x * 1) for x in xs]
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_attention_with_a_key_padding_mask_made_inside(scheduler: Scheduler) -> None:
+    torch.manual_seed(0)
+    attention = nn.MultiheadAttention(8, 2, batch_first=True).double()
+    sequences = [torch.randn(n, 8, dtype=torch.float64) for n in (3, 1, 5, 4)]
+
+    def attend(s: torch.Tensor) -> torch.Tensor:
+        x = torch.as_tensor(s)
+        mask = torch.arange(x.shape[0]) > 1  # keys after the second are padding
+        return attention(x, x, x, key_padding_mask=mask, need_weights=False)[0]
+
+    assert_matches_eager(attend, sequences, attention, scheduler)
