@@ -1,4 +1,5 @@
-"""Calls that only ask about a lazy value's dtype, rank or size answer at once, as eagerly.
+"""Calls that only ask about a lazy value's dtype, rank or size answer at once, as eagerly;
+NumPy conversion and number formatting read the value, as eagerly.
 
 ``torch.is_floating_point(mask)`` (``nn.MultiheadAttention`` asks it of a key padding mask),
 ``x.ndimension()`` (``torch.distributions`` asks it) and their kin were recorded as ops and
@@ -10,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -59,3 +61,21 @@ def test_attention_with_a_key_padding_mask_made_inside(scheduler: Scheduler) -> 
         return attention(x, x, x, key_padding_mask=mask, need_weights=False)[0]
 
     assert_matches_eager(attend, sequences, attention, scheduler)
+
+
+def test_numpy_conversion_and_formatting_read_the_value_as_eagerly() -> None:
+    """``np.asarray(x)`` wrapped the lazy object in an array of objects (its sum came back a
+    lazy tensor, where eagerly a NumPy number); ``f"{loss:.3f}"`` raised a TypeError."""
+    xs = [torch.randn(4, 3) for _ in range(3)]
+    got = bf.batch_map(
+        lambda x: (np.asarray(torch.as_tensor(x) * 2), f"{torch.as_tensor(x).sum():.3f}"), xs
+    )
+    for (array, text), x in zip(got, xs, strict=True):
+        assert isinstance(array, np.ndarray) and array.dtype == np.float32
+        np.testing.assert_array_equal(array, np.asarray(x * 2))
+        assert text == f"{x.sum():.3f}"
+    weight = nn.Parameter(torch.ones(3))
+    with pytest.raises(RuntimeError, match="requires grad"):  # as eagerly
+        bf.batch_map(lambda x: np.asarray(torch.as_tensor(x) * weight), xs)
+    with pytest.raises(TypeError, match="unsupported format string"):  # as eagerly
+        bf.batch_map(lambda x: f"{torch.as_tensor(x) * 1:.3f}", xs)

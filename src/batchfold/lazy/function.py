@@ -11,7 +11,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 from ..graph import Signature
 from ..ops import OpRule, fill
 from .context import active_recorder
-from .tensor import has_lazy
+from .lazy_trees import has_lazy
 
 Tensor = torch.Tensor
 

@@ -35,11 +35,11 @@ from torch.nn.modules import module as _TORCH_MODULE
 
 from . import dispatch
 from .context import THREAD
+from .lazy_trees import has_lazy
 from .macros import MISSED
 from .module_state import ACTIVE, SET_AT, module_setattr
 from .ragged_macros import ORIGINAL_CALL
 from .semantics import own_hooks
-from .tensor import has_lazy
 
 __all__ = ["install", "uninstall"]
 

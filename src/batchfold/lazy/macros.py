@@ -24,6 +24,7 @@ from ..graph import OUT_BITS, Signature
 from ..ops import OpRule
 from .inference import template
 from .kept import keep, kept
+from .lazy_trees import build
 from .lengths import Guard
 from .module_state import EPOCH, Watch
 from .ragged_keys import (
@@ -38,7 +39,7 @@ from .ragged_keys import (
 from .ragged_macros import ORIGINAL_CALL, RaggedMacro, RaggedTemplate, call_ragged
 from .semantics import grad_mode, own_hooks
 from .sites import user_site
-from .tensor import Lazy, build
+from .tensor import Lazy
 from .traces import Template, Trace, attribute_state, changed_attribute
 
 if TYPE_CHECKING:

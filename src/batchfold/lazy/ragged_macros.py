@@ -34,11 +34,12 @@ from ..ragged import Family
 from ..step_calls import run_op, run_ragged, sources_batch
 from .inference import template
 from .kept import keep, kept
+from .lazy_trees import build
 from .lengths import FIXED, ROWS, SQUARE, class_of, guards_hold, rows_flag
 from .ragged_keys import RAGGED
 from .semantics import own_hooks
 from .sites import user_site
-from .tensor import Lazy, build
+from .tensor import Lazy
 from .traces import Template, reads_fit, same_ops
 
 if TYPE_CHECKING:

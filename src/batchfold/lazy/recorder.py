@@ -29,6 +29,7 @@ from . import graphs
 from .call_keys import CallKeys
 from .dispatch import ORIGINAL_TENSOR
 from .function import BatchedFunction
+from .lazy_trees import has_lazy, map_lazies
 from .lengths import plain_lengths
 from .macros import ModuleCache
 from .running_stats import NORMALISATIONS, RunningStats
@@ -38,7 +39,7 @@ from .signatures import SignatureMaker
 from .sites import func_name, user_site, version
 from .sources import FACTORIES, SourceMaker
 from .sync import Driver
-from .tensor import Lazy, has_lazy, map_lazies
+from .tensor import Lazy
 from .traces import Trace
 from .writes import InPlaceWrites
 

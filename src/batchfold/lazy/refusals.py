@@ -22,8 +22,9 @@ from torch.utils._pytree import tree_leaves
 
 from ..errors import UnsupportedOpError
 from .context import active_recorder
+from .lazy_trees import map_lazies
 from .sites import func_name, user_site
-from .tensor import Lazy, map_lazies
+from .tensor import Lazy
 
 _AFTER = (
     "inside batch_map a value is a row of a batched tensor computed later, with no autograd "

@@ -9,15 +9,13 @@ would make visible through a view are refused (see ``Recorder.write``).
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import math
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
-from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils._pytree import tree_leaves
 
 from ..graph import TensorMeta
 from .lengths import TracedShape, traced_size
@@ -32,9 +30,6 @@ Tensor = torch.Tensor
 def _item(value: Any) -> Any:
     """``.item()`` of a tensor; a number read as one already is its item."""
     return value.item() if isinstance(value, Tensor) else value
-
-
-_LEAVES = frozenset([int, float, bool, complex, str, bytes, type(None)])
 
 
 class Lazy:
@@ -256,6 +251,17 @@ class Lazy:
         """Compute the value (a sync point) and return it as a NumPy array."""
         return self._read("numpy()").detach().numpy()
 
+    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
+        """``np.asarray(x)``: the value as a NumPy array (a sync point), as eagerly; without
+        it NumPy would wrap the lazy object in an array of objects."""
+        return self._read("np.asarray()").__array__(dtype)
+
+    def __format__(self, spec: str) -> str:
+        """``f"{loss:.3f}"``: a 0-d value's number (a sync point), as eager PyTorch formats it."""
+        if not self._meta.shape:
+            return format(self.item(), spec)
+        return object.__format__(self, spec)
+
 
 def set_item(x: Tensor, index: Any, value: Any) -> Tensor:
     """``x[index] = value`` without changing ``x``: the functional form of item assignment."""
@@ -331,64 +337,3 @@ def first_lazy(tree: tuple[Any, Any]) -> Lazy:
         if type(item) is Lazy:
             return item
     raise AssertionError("no lazy value among the arguments")
-
-
-def has_lazy(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> bool:
-    """Whether a call's arguments hold a :class:`Lazy` (directly or in a flat list)."""
-    for a in args:
-        if type(a) is Lazy:
-            return True
-        if type(a) in (list, tuple) and any(type(b) is Lazy for b in a):
-            return True
-    return bool(kwargs) and any(
-        type(v) is Lazy or (type(v) in (list, tuple) and any(type(b) is Lazy for b in v))
-        for v in kwargs.values()  # type: ignore[union-attr]
-    )
-
-
-def flatten_lazies(result: Any, outs: list[Lazy]) -> Any:
-    """Append the lazy tensors of a call's result to ``outs``; its nesting, for :func:`build`.
-
-    ``None`` for one tensor, ``(tuple or list, nestings)`` for non-empty tuples and lists of
-    them (``nn.LSTM``'s ``(output, (h, c))``), ``False`` for anything else.
-    """
-    kind = type(result)
-    if kind is Lazy:
-        outs.append(result)
-        return None
-    if (kind is tuple or kind is list) and result:
-        parts = tuple(flatten_lazies(item, outs) for item in result)
-        return False if any(p is False for p in parts) else (kind, parts)
-    return False
-
-
-def build(structure: Any, outs: list[Any]) -> Any:
-    """A call's result from its lazy tensors in order and the nesting :func:`flatten_lazies` gave."""
-    return outs[0] if structure is None else _build(structure, iter(outs))
-
-
-def _build(structure: Any, outs: Any) -> Any:
-    if structure is None:
-        return next(outs)
-    kind, parts = structure
-    return kind(_build(p, outs) for p in parts)
-
-
-def map_lazies(fn: Any, obj: Any) -> Any:
-    """``obj`` with ``fn`` applied to each lazy value in it: plain lists, tuples, dicts and
-    dataclasses walked here (the common results, fast), other containers by ``tree_map``."""
-    kind = type(obj)
-    if kind is Lazy:
-        return fn(obj)
-    if kind is list or kind is tuple:
-        return kind([map_lazies(fn, x) for x in obj])
-    if kind is dict:
-        return {k: map_lazies(fn, v) for k, v in obj.items()}
-    if kind in _LEAVES or isinstance(obj, Tensor):
-        return obj  # tree_map leaves a cycle to collect on every call (a recursive helper)
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):  # not walked by tree_map
-        new = copy.copy(obj)
-        for field in dataclasses.fields(obj):  # frozen ones too, as their __init__ sets them
-            object.__setattr__(new, field.name, map_lazies(fn, getattr(obj, field.name)))
-        return new
-    return tree_map(lambda x: fn(x) if type(x) is Lazy else x, obj)

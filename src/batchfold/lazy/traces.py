@@ -17,10 +17,11 @@ import torch
 from ..graph import Signature
 from ..signature import INHERITS_GRAD, NO_GRAD
 from ..step_calls import Fallbacks, run_op, sources_batch
+from .lazy_trees import flatten_lazies
 from .lengths import FIXED, ROWS, SQUARE, Guard, class_of, rows_flag
 from .semantics import VIEW_NAMES, VIEWS_OF_EVERY_ARGUMENT, base_name
 from .sites import version
-from .tensor import Lazy, flatten_lazies
+from .tensor import Lazy
 
 Tensor = torch.Tensor
 

@@ -18,9 +18,10 @@ import torch
 from ..errors import LAZY_AFTER_RUN, DtypeError, LazyValueError, ShapeError, UnsupportedOpError
 from .function import BatchedFunction
 from .inference import template
+from .lazy_trees import has_lazy
 from .semantics import VIEW_NAMES, VIEWS_OF_EVERY_ARGUMENT, base_name, in_place_form
 from .sites import func_name, user_site
-from .tensor import Lazy, has_lazy
+from .tensor import Lazy
 
 if TYPE_CHECKING:
     from ..graph import Graph
