@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 import zlib
 from collections.abc import Iterable
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -22,10 +21,10 @@ from torch import nn
 from .. import lazy
 from ..errors import add_note
 from ..execute import Executor
-from ..graph import Graph, Signature, TensorMeta
+from ..graph import Graph, TensorMeta
 from ..lazy import Lazy, Recorder
 from ..profile import Profile
-from ..schedule import Plan, Scheduler, check_scheduler, gc_paused, schedule
+from ..schedule import Scheduler, check_scheduler, gc_paused, schedule
 from ..stats import Stats
 from .base import Block, Identity
 from .codegen import generate
@@ -37,10 +36,11 @@ from .plan import (
     OutputLeaf,
     SequenceLayout,
     assemble_outputs,
-    collect_outputs,
+    bind_plan,
     gather_rows,
     map_tensors,
     output_layout,
+    pack_plan,
     sequence_batch,
 )
 from .recursion import RecursionCheck, too_deep
@@ -228,69 +228,14 @@ class CompiledModel(nn.Module):
         outs = self._record(tape, inputs)
         recorded = time.perf_counter()
         plan = schedule(graph, self.scheduler)
-        block_plan = self._pack(plan, tape, outs)
+        block_plan = pack_plan(
+            plan, tape, outs, self._layout, self._leaves, self._checksum, self._token
+        )
         block_plan.record_s, block_plan.schedule_s = (
             recorded - start,
             time.perf_counter() - recorded,
         )
         return block_plan
-
-    def _pack(self, plan: Plan, tape: Tape, outs: list[Any]) -> BlockPlan:
-        """The engine plan with the value ids of the outputs and metrics."""
-        ids: list[list[int]] = [[] for _ in self._leaves]
-        lengths: list[list[int]] = [[] for _ in self._leaves]
-        for out in outs:
-            collect_outputs(self._layout, out, ids, lengths)
-        return BlockPlan(
-            plan=plan,
-            outputs=[np.asarray(i, dtype=np.int64) for i in ids],
-            lengths=[
-                np.asarray(n, dtype=np.int64) if leaf.sequence else None
-                for n, leaf in zip(lengths, self._leaves, strict=True)
-            ],
-            metrics={k: np.asarray(v, dtype=np.int64) for k, v in tape.metrics.items()},
-            labels=tape.labels,
-            metric_instances={
-                k: np.asarray(v, dtype=np.int64) for k, v in tape.metric_instances.items()
-            },
-            instances=len(outs),
-            model=self._checksum,
-            bound=(self._token, tape.device),
-        )
-
-    def _bind(self, block_plan: BlockPlan, device: torch.device) -> Plan:
-        """The plan with its ops bound to this model's modules and tensors on ``device``.
-
-        A plan made here for this device is returned as it is; one made by another process
-        (unpickled) or for another device gets this model's signatures by each one's ``ref``,
-        its constants afresh and its tensor payloads moved to ``device``.
-        """
-        plan = block_plan.plan
-        if block_plan.bound == (self._token, device):
-            return plan
-        if block_plan.model != self._checksum:
-            raise ValueError(
-                "this plan was scheduled by a model with other ops; run it with the model whose "
-                "schedule() made it (or a copy of that model)"
-            )
-        made: dict[int, Signature] = {}
-        steps = []
-        for step in plan.steps:
-            ref = step.sig.ref
-            if ref is None:  # recorded by per-instance lazy code: keeps its live signature
-                steps.append(step)
-                continue
-            spec = self._specs[ref]
-            sig = made.get(ref)
-            if sig is None:
-                sig = made[ref] = spec.signature(ref, ("block", spec), device, None)
-            payloads = step.payloads
-            if spec.constant is not None:
-                payloads = [spec.constant(self, device)] * len(step.nodes)
-            elif spec.source == "tensor" and payloads and payloads[0].device != device:
-                payloads = list(torch.stack(payloads).to(device).unbind(0))
-            steps.append(replace(step, sig=sig, payloads=payloads))
-        return Plan(steps, plan.node_base, plan.node_step, plan.node_row)
 
     def run(self, plan: BlockPlan, profile: bool = False) -> tuple[Any, dict[str, torch.Tensor]]:
         """Run a plan made by :meth:`schedule` (here or in another process).
@@ -305,7 +250,7 @@ class CompiledModel(nn.Module):
         """
         start = time.perf_counter()
         device = self.device
-        engine = self._bind(plan, device)
+        engine = bind_plan(plan, self, self._specs, self._checksum, self._token, device)
         store = Executor()
         store.profile = Profile() if profile else None
         store.run(engine)

@@ -1,21 +1,23 @@
 """Block plans: a scheduled batch as picklable data, and how its outputs are gathered.
 
 ``CompiledModel.schedule`` returns the engine's plan with the output layout as a
-:class:`BlockPlan`; it pickles with ops by index (no modules, no parameters), so a DataLoader
-worker can build it. After a run, the root outputs and metrics are gathered with one slice or
+:class:`BlockPlan` (:func:`pack_plan`); it pickles with ops by index (no modules, no
+parameters), so a DataLoader worker can build it; :func:`bind_plan` binds its ops to the
+model's modules on the device it runs on. After a run, the root outputs and metrics are gathered with one slice or
 gather per step output.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import torch
 
 from ..execute import Executor
+from ..graph import Signature
 from ..schedule import Plan
 from .base import Block
 from .sequences import Repeat
@@ -28,6 +30,7 @@ from .types import (
     Type,
     VoidType,
 )
+from .walker import OpSpec, Tape
 
 SequenceLayout = Literal["padded", "concat"]
 
@@ -190,6 +193,107 @@ def sequence_batch(
     padded = flat.new_zeros((batch, longest, *flat.shape[1:]))
     index = (rows.to(flat.device), cols.to(flat.device))
     return SequenceBatch(padded.index_put(index, flat), counts)
+
+
+def pack_plan(
+    plan: Plan,
+    tape: Tape,
+    outs: list[Any],
+    layout: Any,
+    leaves: list[OutputLeaf],
+    checksum: int,
+    token: object,
+) -> BlockPlan:
+    """The engine plan with the value ids of a compiled model's outputs and metrics.
+
+    Arguments:
+        plan: the scheduled engine plan.
+        tape: the tape the batch was recorded on (its metrics, labels and device).
+        outs: each input's recorded output, as value ids.
+        layout: the model's output layout (see :func:`output_layout`).
+        leaves: the model's output leaves.
+        checksum: the checksum of the model's op list.
+        token: the model's token, which a plan bound to the model holds.
+
+    Returns:
+        The block plan, bound to the model on the tape's device.
+    """
+    ids: list[list[int]] = [[] for _ in leaves]
+    lengths: list[list[int]] = [[] for _ in leaves]
+    for out in outs:
+        collect_outputs(layout, out, ids, lengths)
+    return BlockPlan(
+        plan=plan,
+        outputs=[np.asarray(i, dtype=np.int64) for i in ids],
+        lengths=[
+            np.asarray(n, dtype=np.int64) if leaf.sequence else None
+            for n, leaf in zip(lengths, leaves, strict=True)
+        ],
+        metrics={k: np.asarray(v, dtype=np.int64) for k, v in tape.metrics.items()},
+        labels=tape.labels,
+        metric_instances={
+            k: np.asarray(v, dtype=np.int64) for k, v in tape.metric_instances.items()
+        },
+        instances=len(outs),
+        model=checksum,
+        bound=(token, tape.device),
+    )
+
+
+def bind_plan(
+    block_plan: BlockPlan,
+    model: Any,
+    specs: list[OpSpec],
+    checksum: int,
+    token: object,
+    device: torch.device,
+) -> Plan:
+    """The plan with its ops bound to a compiled model's modules and tensors on ``device``.
+
+    A plan made for this model on this device is returned as it is; one made by another process
+    (unpickled) or for another device gets the model's signatures by each one's ``ref``, its
+    constants afresh and its tensor payloads moved to ``device``.
+
+    Arguments:
+        block_plan: the plan.
+        model: the compiled model, which its constants are read from.
+        specs: the model's op specs, by index.
+        checksum: the checksum of the model's op list.
+        token: the model's token (see :func:`pack_plan`).
+        device: the device to run on.
+
+    Returns:
+        The engine plan.
+
+    Raises:
+        ValueError: the plan was scheduled by a model with other ops.
+    """
+    plan = block_plan.plan
+    if block_plan.bound == (token, device):
+        return plan
+    if block_plan.model != checksum:
+        raise ValueError(
+            "this plan was scheduled by a model with other ops; run it with the model whose "
+            "schedule() made it (or a copy of that model)"
+        )
+    made: dict[int, Signature] = {}
+    steps = []
+    for step in plan.steps:
+        ref = step.sig.ref
+        if ref is None:  # recorded by per-instance lazy code: keeps its live signature
+            steps.append(step)
+            continue
+        spec = specs[ref]
+        sig = made.get(ref)
+        if sig is None:
+            sig = made[ref] = spec.signature(ref, ("block", spec), device, None)
+        payloads = step.payloads
+        if spec.constant is not None:
+            payloads = [spec.constant(model, device)] * len(step.nodes)
+        elif spec.source == "tensor" and payloads and payloads[0].device != device:
+            payloads = list(torch.stack(payloads).to(device).unbind(0))
+        steps.append(replace(step, sig=sig, payloads=payloads))
+    return Plan(steps, plan.node_base, plan.node_step, plan.node_row)
 
 
 __all__ = [

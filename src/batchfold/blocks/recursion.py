@@ -20,7 +20,8 @@ import sys
 from typing import Any
 
 from .base import Block
-from .combinators import AllOf, OneOf, Optional, Pipe, Record
+from .combinators import AllOf, Pipe, Record
+from .conditionals import OneOf, Optional
 from .convert import convert_to_block
 from .sequences import RNN, Fold, Map
 from .types import (

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from .base import Block
+from .constants import Zeros
 from .convert import convert_to_block
-from .tensors import Zeros
 from .types import (
     BlockTypeError,
     BroadcastSequenceType,

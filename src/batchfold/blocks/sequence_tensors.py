@@ -15,9 +15,10 @@ import torch
 from ..graph import Signature
 from ..ops import OpRule
 from .base import Block
+from .constants import Zeros
 from .function import Function
 from .sequence_loops import Reduce, element_type, sequence_items
-from .tensors import Zeros, as_dtype
+from .tensors import as_dtype
 from .types import BlockTypeError, TensorType, Type, VoidType
 from .walker import OpSpec, Specializer, Tape, Walker
 

@@ -1,5 +1,6 @@
 """Blocks that make tensors: inputs (``Scalar``, ``Vector``, ``Tensor``, ``OneHot``,
-``OneHotFromList``), constants (``FromTensor``, ``Zeros``) and ``Concat``.
+``OneHotFromList``) and ``Concat``; the constants ``FromTensor`` and ``Zeros`` are in
+:mod:`batchfold.blocks.constants` and importable from here as well.
 
 Input blocks record one *source* node per value; the executor builds the batch from the
 Python numbers with one call. Constants are one node per batch, read by every instance.
@@ -7,7 +8,7 @@ Python numbers with one call. Constants are one node per batch, read by every in
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -18,21 +19,19 @@ from ..lazy import Lazy
 from ..ops import OpRule
 from .base import Block
 from .codegen import Emitter, Symbol
-from .convert import register_converter
+from .constants import FromTensor, Zeros
 from .function import call_walker
 from .types import (
     BlockTypeError,
     PyObjectType,
-    SequenceType,
     TensorType,
     TupleType,
     Type,
-    VoidType,
     flat_tensor_types,
     is_tensors,
     short,
 )
-from .walker import OpSpec, Specializer, Tape, Walker, void_or
+from .walker import OpSpec, Specializer, Tape, Walker
 
 _NUMBERS = (int, float, bool)
 
@@ -266,86 +265,6 @@ class OneHotFromList(Block):
         return f"OneHotFromList({self.elements!r}, {self.dtype}, strict={self.strict})"
 
 
-class FromTensor(Block):
-    """A fixed tensor or parameter as a block output; its input is ignored (void).
-
-    Gradients reach the tensor when it requires them. The compiled model registers it (as a
-    parameter when it is an ``nn.Parameter``, else as a buffer), so ``.to(device)`` moves it.
-
-    Example:
-        >>> FromTensor(torch.ones(2)).eval(None)
-        tensor([1., 1.])
-    """
-
-    def __init__(self, tensor: torch.Tensor | np.ndarray) -> None:
-        if isinstance(tensor, np.ndarray):
-            tensor = torch.from_numpy(tensor)
-        self.tensor = tensor
-        self.in_type = VoidType()
-
-    def _specialize(self, in_type: Type, ctx: Specializer, path: str) -> Walker:
-        if not void_or(in_type):
-            raise BlockTypeError(self, path, "no input (VoidType or a Python object)", in_type)
-        tensor = self.tensor
-        ctx.tensor(tensor)
-        t = TensorType(tuple(tensor.shape), tensor.dtype)
-
-        def current(model: Any, device: torch.device) -> torch.Tensor:
-            return model.tensor_for(tensor) if model is not None else tensor
-
-        spec = ctx.spec(OpSpec("tensor", path, (), (t,), source="constant", constant=current))
-        return Walker(t, lambda tape, x: tape.constant(spec))
-
-    def __repr__(self) -> str:
-        return f"FromTensor({short(self.tensor, 50)})"
-
-
-class Zeros(Block):
-    """Zeros of a type, from no input: a zero tensor, a tuple of them, or an empty sequence.
-
-    Example:
-        >>> Zeros(TensorType((2,), torch.float32)).eval(None)
-        tensor([0., 0.])
-    """
-
-    def __init__(self, out_type: Type) -> None:
-        if not _zeroable(out_type):
-            raise ValueError(f"Zeros cannot make a value of {out_type!r}")
-        self.out_type = out_type
-        self.in_type = VoidType()
-
-    def _specialize(self, in_type: Type, ctx: Specializer, path: str) -> Walker:
-        if not void_or(in_type):
-            raise BlockTypeError(self, path, "no input (VoidType or a Python object)", in_type)
-        return Walker(self.out_type, _zeros_walk(self.out_type, ctx, path))
-
-    def __repr__(self) -> str:
-        return f"Zeros({self.out_type!r})"
-
-
-def _zeroable(t: Type) -> bool:
-    if isinstance(t, TupleType):
-        return all(_zeroable(i) for i in t.items)
-    return isinstance(t, (TensorType, SequenceType, VoidType))
-
-
-def _zeros_walk(t: Type, ctx: Specializer, path: str) -> Callable[[Tape, Any], Any]:
-    if isinstance(t, TensorType):
-        shape, dtype = t.shape, t.dtype
-
-        def zeros(model: Any, device: torch.device) -> torch.Tensor:
-            return torch.zeros(shape, dtype=dtype, device=device)
-
-        spec = ctx.spec(OpSpec("zeros", path, (), (t,), source="constant", constant=zeros))
-        return lambda tape, x: tape.constant(spec)
-    if isinstance(t, TupleType):
-        parts = [_zeros_walk(item, ctx, path) for item in t.items]
-        return lambda tape, x: tuple([part(tape, None) for part in parts])
-    if isinstance(t, SequenceType):
-        return lambda tape, x: []
-    return lambda tape, x: None
-
-
 class Concat(Block):
     """A tuple of tensors -> one tensor, joined along ``dim`` (0-d tensors count as length 1).
 
@@ -401,8 +320,6 @@ class Concat(Block):
     def __repr__(self) -> str:
         return f"Concat({self.dim}, flatten={self.flatten})"
 
-
-register_converter(torch.Tensor)(FromTensor)
 
 __all__ = [
     "Concat",

@@ -1,7 +1,8 @@
 """Random structures for synthetic work: binary trees, small DAGs and sequences.
 
 Trees are :class:`BinaryTree` values with a word id at every leaf and a class label at every
-node. Every traversal here is iterative, so chains thousands of nodes deep are fine.
+node. Every traversal here is iterative, so chains thousands of nodes deep are fine. The DAG
+and sequence generators are in :mod:`batchfold.data.synthetic` and importable from here as well.
 
 The generators take a :class:`random.Random`, an integer seed, or ``None`` (a fixed seed of 0),
 and the same seed always gives the same structures.
@@ -9,9 +10,10 @@ and the same seed always gives the same structures.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterator
 from dataclasses import dataclass
+
+from batchfold.data.synthetic import RngLike, as_random, random_dag, random_sequences
 
 __all__ = [
     "BinaryTree",
@@ -22,16 +24,6 @@ __all__ = [
     "random_tree",
     "random_trees",
 ]
-
-RngLike = random.Random | int | None
-"""A random source: a :class:`random.Random`, an integer seed, or ``None`` (seed 0)."""
-
-
-def _rng(rng: RngLike) -> random.Random:
-    """A :class:`random.Random` from a generator, a seed, or ``None`` (seed 0)."""
-    if isinstance(rng, random.Random):
-        return rng
-    return random.Random(0 if rng is None else rng)
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,7 +238,7 @@ def random_tree(
     """
     if n_leaves < 1:
         raise ValueError(f"a tree needs at least one leaf, got n_leaves={n_leaves}")
-    r = _rng(rng)
+    r = as_random(rng)
     # Plan the shape top-down in pre-order: children always get larger indices than parents.
     counts: list[int] = [n_leaves]
     kids: list[tuple[int, int] | None] = [None]
@@ -305,7 +297,7 @@ def random_trees(
     """
     if not 1 <= min_leaves <= max_leaves:
         raise ValueError(f"need 1 <= min_leaves <= max_leaves, got {min_leaves}, {max_leaves}")
-    r = _rng(rng)
+    r = as_random(rng)
     return [
         random_tree(r.randint(min_leaves, max_leaves), r, vocab_size, n_classes)
         for _ in range(count)
@@ -346,7 +338,7 @@ def complete_tree(
     assert depth is not None
     if depth < 0:
         raise ValueError(f"depth must be >= 0, got {depth}")
-    r = _rng(rng)
+    r = as_random(rng)
     level = [
         BinaryTree(r.randrange(vocab_size), None, None, r.randrange(n_classes))
         for _ in range(2**depth)
@@ -379,80 +371,9 @@ def chain(
     """
     if n_leaves < 1:
         raise ValueError(f"a tree needs at least one leaf, got n_leaves={n_leaves}")
-    r = _rng(rng)
+    r = as_random(rng)
     tree = BinaryTree(r.randrange(vocab_size), None, None, r.randrange(n_classes))
     for _ in range(n_leaves - 1):
         right = BinaryTree(r.randrange(vocab_size), None, None, r.randrange(n_classes))
         tree = BinaryTree(None, tree, right, r.randrange(n_classes))
     return tree
-
-
-def random_dag(
-    n_nodes: int,
-    rng: RngLike = None,
-    n_sources: int = 1,
-    min_parents: int = 1,
-    max_parents: int = 3,
-) -> list[list[int]]:
-    """A small random DAG in topological order, as lists of parent indices.
-
-    Node ``i`` lists its parents, all of them earlier nodes, sorted. The first ``n_sources``
-    nodes have none; every later node has between ``min_parents`` and ``max_parents`` distinct
-    parents (fewer where fewer earlier nodes exist), chosen uniformly.
-
-    Arguments:
-        n_nodes: the number of nodes.
-        rng: a :class:`random.Random`, a seed, or ``None`` for seed 0.
-        n_sources: how many leading nodes have no parents (at least 1 when ``n_nodes > 0``).
-        min_parents: the least number of parents of a non-source node (at least 1).
-        max_parents: the most number of parents of a node.
-
-    Returns:
-        ``parents`` with ``parents[i]`` the sorted parent indices of node ``i``.
-
-    Example:
-        >>> dag = random_dag(6, rng=2)
-        >>> dag[0], all(all(p < i for p in ps) for i, ps in enumerate(dag))
-        ([], True)
-        >>> all(1 <= len(ps) <= 3 for ps in dag[1:])
-        True
-    """
-    if n_nodes > 0 and n_sources < 1:
-        raise ValueError("a non-empty DAG has at least one source")
-    if not 1 <= min_parents <= max_parents:
-        raise ValueError(f"need 1 <= min_parents <= max_parents, got {min_parents}, {max_parents}")
-    r = _rng(rng)
-    parents: list[list[int]] = []
-    for i in range(n_nodes):
-        if i < n_sources:
-            parents.append([])
-            continue
-        k = r.randint(min(min_parents, i), min(max_parents, i))
-        parents.append(sorted(r.sample(range(i), k)))
-    return parents
-
-
-def random_sequences(
-    count: int, min_len: int, max_len: int, vocab: int, rng: RngLike = None
-) -> list[list[int]]:
-    """``count`` random sequences of word ids, lengths uniform in ``[min_len, max_len]``.
-
-    Arguments:
-        count: how many sequences.
-        min_len: the shortest length (0 allowed).
-        max_len: the longest length (inclusive).
-        vocab: word ids are uniform in ``[0, vocab)``.
-        rng: a :class:`random.Random`, a seed, or ``None`` for seed 0.
-
-    Returns:
-        A list of lists of word ids.
-
-    Example:
-        >>> seqs = random_sequences(3, 1, 4, vocab=10, rng=5)
-        >>> [1 <= len(s) <= 4 for s in seqs], all(0 <= w < 10 for s in seqs for w in s)
-        ([True, True, True], True)
-    """
-    if not 0 <= min_len <= max_len:
-        raise ValueError(f"need 0 <= min_len <= max_len, got {min_len}, {max_len}")
-    r = _rng(rng)
-    return [[r.randrange(vocab) for _ in range(r.randint(min_len, max_len))] for _ in range(count)]

@@ -29,6 +29,12 @@ from batchfold.data.trees import BinaryTree
 from batchfold.data.vocab import Vocab
 from batchfold.models.tree_lstm import TreeLSTMClassifier, TreeRNNClassifier, tree_node_logits
 from batchfold.models.tree_lstm_blocks import tree_lstm_blocks
+from batchfold.training.sst_metrics import (
+    METRICS,
+    N_CLASSES,
+    binary_accuracy,
+    sentiment_accuracies,
+)
 
 __all__ = [
     "METRICS",
@@ -42,13 +48,6 @@ __all__ = [
     "to_binary_tree",
     "tree_node_logits",  # defined in batchfold.models.tree_lstm, as TreeRNNClassifier
 ]
-
-METRICS = ("root_fine", "root_binary", "all_fine", "all_binary")
-"""The accuracies :meth:`SSTTask.evaluate` reports, in percent."""
-
-N_CLASSES = 5
-NEUTRAL = 2
-
 
 SentimentModel = TreeLSTMClassifier | TreeRNNClassifier
 """A node classifier over binary trees: ``embed``, ``cell.leaf``, ``cell`` and ``forward``."""
@@ -92,66 +91,6 @@ def _node_labels(trees: Sequence[BinaryTree], device: torch.device) -> Tensor:
     """Every node's label, trees one after another, each in post-order: ``[n_nodes]``."""
     labels = [n.label for tree in trees for n in tree.nodes()]
     return torch.tensor(labels, dtype=torch.long, device=device)
-
-
-def binary_accuracy(probs: Tensor, labels: Tensor) -> float:
-    """Binary sentiment accuracy in percent, ignoring neutral labels.
-
-    A node with gold label 0 or 1 is negative, 3 or 4 positive, 2 is left out. The predicted
-    side is positive when ``P(3) + P(4) > P(0) + P(1)`` (so a tie counts as negative).
-
-    Arguments:
-        probs: class probabilities, ``[n, 5]``.
-        labels: gold labels 0-4, ``[n]``.
-
-    Returns:
-        The percentage of non-neutral nodes on the right side, or NaN when all are neutral.
-
-    Example:
-        >>> probs = torch.tensor([[0.1, 0.1, 0.5, 0.2, 0.1],   # 0.3 > 0.2: positive
-        ...                       [0.3, 0.0, 0.5, 0.1, 0.1],   # 0.2 < 0.3: negative
-        ...                       [0.0, 0.0, 1.0, 0.0, 0.0]])  # gold neutral: left out
-        >>> binary_accuracy(probs, torch.tensor([4, 3, 2]))
-        50.0
-    """
-    if probs.dim() != 2 or probs.shape[1] != N_CLASSES or labels.shape != probs.shape[:1]:
-        raise ValueError(
-            f"binary_accuracy expects probs [n, {N_CLASSES}] and labels [n], got "
-            f"{list(probs.shape)} and {list(labels.shape)}"
-        )
-    counted = labels != NEUTRAL
-    if not bool(counted.any()):
-        return float("nan")
-    positive = probs[:, 3] + probs[:, 4] > probs[:, 0] + probs[:, 1]
-    correct = positive[counted] == (labels[counted] > NEUTRAL)
-    return 100.0 * correct.double().mean().item()
-
-
-def sentiment_accuracies(probs: Tensor, labels: Tensor, is_root: Tensor) -> dict[str, float]:
-    """The four SST accuracies, in percent: root and all-node, fine-grained and binary.
-
-    Arguments:
-        probs: class probabilities of every node, ``[n, 5]``.
-        labels: gold labels, ``[n]``.
-        is_root: which nodes are sentence roots, ``[n]`` (bool).
-
-    Returns:
-        ``root_fine``, ``root_binary``, ``all_fine`` and ``all_binary``.
-
-    Example:
-        >>> probs = torch.eye(5)[[4, 1, 3]]
-        >>> acc = sentiment_accuracies(probs, torch.tensor([4, 0, 1]),
-        ...                            torch.tensor([True, False, False]))
-        >>> [round(acc[k], 1) for k in METRICS]
-        [100.0, 100.0, 33.3, 66.7]
-    """
-    fine = probs.argmax(dim=-1) == labels
-    return {
-        "root_fine": 100.0 * fine[is_root].double().mean().item(),
-        "root_binary": binary_accuracy(probs[is_root], labels[is_root]),
-        "all_fine": 100.0 * fine.double().mean().item(),
-        "all_binary": binary_accuracy(probs, labels),
-    }
 
 
 # -- the task ---------------------------------------------------------------------------------

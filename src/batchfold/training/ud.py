@@ -4,15 +4,15 @@
 :class:`UDTask` is the part of both tasks that does not depend on the model: vocabularies and
 word counts built from the training sentences, one parameter group, the batched and the
 one-at-a-time loss, and predictions over a split in large batches of sentences of similar
-length (:func:`batched_predictions`). :mod:`batchfold.training.tagger` re-exports the
-data helpers under the same names.
+length (:func:`batched_predictions`). The shared options are defined in
+:mod:`batchfold.training.ud_arguments` and importable from here as well;
+:mod:`batchfold.training.tagger` re-exports the data helpers under the same names.
 """
 
 from __future__ import annotations
 
 import abc
 import argparse
-import contextlib
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,6 +27,12 @@ from batchfold.data.conllu import Sentence
 from batchfold.data.glove import word_vectors
 from batchfold.data.ud import Split, UDVocabs, build_vocabs, load_ud
 from batchfold.schedule import Scheduler
+from batchfold.training.ud_arguments import (
+    add_glove_argument,
+    add_option,
+    add_ud_arguments,
+    add_word_dropout_argument,
+)
 
 __all__ = [
     "UDSplits",
@@ -77,84 +83,6 @@ class UDSplits:
         if name not in ("train", "dev", "test"):
             raise ValueError(f"expected a split among train, dev, test, found {name!r}")
         return getattr(self, name)
-
-
-def add_option(parser: argparse.ArgumentParser, *flags: str, **kwargs: Any) -> None:
-    """``parser.add_argument(*flags, **kwargs)``, unless the parser has the option already.
-
-    The generic command line may define an option (``--max-train``) before a task adds it.
-
-    Arguments:
-        parser: the parser to extend.
-        flags: the option strings.
-        kwargs: what ``add_argument`` takes.
-    """
-    with contextlib.suppress(argparse.ArgumentError):  # a conflict: it is defined already
-        parser.add_argument(*flags, **kwargs)
-
-
-def add_ud_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options for reading UD English-EWT: where it is, and how much of it to use.
-
-    Arguments:
-        parser: the command line parser to extend; options it has already are kept.
-    """
-    add_option(
-        parser,
-        "--data",
-        default=None,
-        help="folder with en_ewt-ud-{train,dev,test}.conllu[.gz] (default: search shared/data)",
-    )
-    add_option(
-        parser, "--max-train", type=int, default=None, help="use the first N training sentences"
-    )
-    add_option(
-        parser,
-        "--max-eval",
-        type=int,
-        default=None,
-        help="evaluate on the first N dev and test sentences",
-    )
-    add_option(
-        parser,
-        "--eval-batch-size",
-        type=int,
-        default=512,
-        help="sentences per batch_map call when evaluating",
-    )
-
-
-def add_word_dropout_argument(parser: argparse.ArgumentParser) -> None:
-    """The ``--word-dropout`` option (alpha, 0.25 by default) of the BiLSTM models.
-
-    Arguments:
-        parser: the command line parser to extend.
-    """
-    add_option(
-        parser,
-        "--word-dropout",
-        type=float,
-        default=0.25,
-        help="word dropout alpha: a word seen c times becomes <unk> with p = alpha/(alpha+c)",
-    )
-
-
-def add_glove_argument(parser: argparse.ArgumentParser, default: str) -> None:
-    """The ``--glove`` option: where the word vectors start from.
-
-    Arguments:
-        parser: the command line parser to extend.
-        default: ``"data"`` (the glove-sst data folder) or ``"none"`` (random vectors).
-    """
-    add_option(
-        parser,
-        "--glove",
-        default=default,
-        metavar="PATH",
-        help="start the word vectors from GloVe: a file, a folder, 'data' for the glove-sst "
-        "data folder, or 'none' for random vectors; words without a vector keep the random "
-        "initialisation (default: %(default)s)",
-    )
 
 
 def glove_vectors(
