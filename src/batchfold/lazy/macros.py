@@ -1,15 +1,15 @@
 """Cached traces of module calls: one graph node per ``nn.Module`` call (a macro node).
 
-Inside ``batch_map``, a call of an ``nn.Module`` on lazy inputs is recorded op by op the
-first two times it is made with a given key (the module, its input shapes and dtypes, its
-other arguments, the grad mode and train/eval). If both calls recorded the same ops and
-the call read no value, wrote nothing outside itself and drew no random numbers outside
-its per-instance ops, the ops become a :class:`Template`: every later call with that key
-is one graph node, and its batched step replays the template's ops on the whole batch,
-nothing gathered inside. Calls that cannot be cached are recorded op by op, correctly, and
-the statistics say which and why. ``batch_map(..., cache_modules=False)`` or
-:func:`no_cache` on a module switches it off. A call on ragged inputs (tensors of 2 or more
-dims, with ragged batching on) is keyed without their length: see :mod:`.ragged_macros`.
+Inside ``batch_map``, a call of an ``nn.Module`` on lazy inputs is recorded op by op the first
+two times it is made with a given key (the module, its input shapes and dtypes, its other
+arguments, the grad mode and train/eval). If both calls recorded the same ops and the call read
+no value, wrote nothing outside itself and drew no random numbers outside its per-instance ops,
+the ops become a :class:`Template`: every later call with that key is one graph node, and its
+batched step replays the template's ops on the whole batch, nothing gathered inside. Calls that
+cannot be cached are recorded op by op, correctly, and the statistics say which and why.
+``batch_map(..., cache_modules=False)`` or :func:`no_cache` on a module switches it off. A call
+on ragged inputs (tensors of 2 or more dims, with ragged batching on) is keyed without their
+length: see :mod:`.ragged_macros`.
 """
 
 from __future__ import annotations
