@@ -45,7 +45,6 @@ from .traces import Template, Trace, attribute_state, changed_attribute
 if TYPE_CHECKING:
     from .recorder import Recorder
 
-Tensor = torch.Tensor
 _OFF = "_batchfold_no_cache"
 MISSED = object()  # ModuleCache.hit found no confirmed entry
 _grad_enabled = torch.is_grad_enabled
@@ -100,7 +99,7 @@ class _Entry:
         self.macro: RaggedMacro | None = None
         # tensors from outside whose attributes its traces read; None if they read a value
         # into Python or the key holds an object by identity (never kept then: see kept.py)
-        self.read: list[Tensor] | None = []
+        self.read: list[torch.Tensor] | None = []
         self.watch: Watch | None = None  # its modules' attribute sets (see module_state)
 
 
