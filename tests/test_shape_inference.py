@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from batchfold.graph import Slot, TensorMeta
-from batchfold.lazy.inference import _known_shape
+from batchfold.lazy.known_shapes import known_shape
 
 
 def _meta(t: torch.Tensor) -> TensorMeta:
@@ -38,12 +38,12 @@ def test_recurrent_layers_shapes_are_the_ops(
     hx = tuple(Slot(i + 1) for i in range(len(states)))
     targs = (Slot(0), hx if kind == "lstm" else hx[0], layer._flat_weights, True, layers)
     targs += (0.0, False, bidirectional, batch_first)
-    got = _known_shape(getattr(torch, kind), targs, {}, tuple(map(_meta, (x, *states))))
+    got = known_shape(getattr(torch, kind), targs, {}, tuple(map(_meta, (x, *states))))
     want = getattr(torch, kind)(x, states if kind == "lstm" else h0, *targs[2:])
     assert [(tuple(g.shape), g.dtype) for g in got] == [(tuple(w.shape), w.dtype) for w in want]
     wrong = (Slot(0), *targs[1:])  # an input of another size: left to the meta kernel
     assert (
-        _known_shape(getattr(torch, kind), wrong, {}, (_meta(x[..., :2]), *map(_meta, states)))
+        known_shape(getattr(torch, kind), wrong, {}, (_meta(x[..., :2]), *map(_meta, states)))
         is None
     )
 
@@ -54,14 +54,14 @@ def test_recurrent_layers_shapes_are_the_ops(
 )
 def test_matmul_shapes_are_the_ops(a: tuple[int, ...], b: tuple[int, ...]) -> None:
     x, w = torch.randn(a), torch.randn(b)
-    got = _known_shape(torch.matmul, (Slot(0), w), {}, (_meta(x),))
+    got = known_shape(torch.matmul, (Slot(0), w), {}, (_meta(x),))
     assert got.shape == (x @ w).shape and got.dtype == x.dtype
-    got = _known_shape(torch.Tensor.__matmul__, (Slot(0), Slot(1)), {}, (_meta(x), _meta(w)))
+    got = known_shape(torch.Tensor.__matmul__, (Slot(0), Slot(1)), {}, (_meta(x), _meta(w)))
     assert got.shape == (x @ w).shape
-    assert _known_shape(torch.matmul, (Slot(0), w.double()), {}, (_meta(x),)) is None
+    assert known_shape(torch.matmul, (Slot(0), w.double()), {}, (_meta(x),)) is None
     flags = x > 0  # bool: no matmul kernel, left to the meta run to refuse
-    assert _known_shape(torch.matmul, (Slot(0), w > 0), {}, (_meta(flags),)) is None
-    assert _known_shape(torch.matmul, (Slot(0), torch.randn(7)), {}, (_meta(x),)) is None
+    assert known_shape(torch.matmul, (Slot(0), w > 0), {}, (_meta(flags),)) is None
+    assert known_shape(torch.matmul, (Slot(0), torch.randn(7)), {}, (_meta(x),)) is None
 
 
 def test_a_first_batch_map_imports_no_compiler() -> None:
