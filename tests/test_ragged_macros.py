@@ -181,6 +181,29 @@ def test_arithmetic_on_the_length_is_not_cached() -> None:
     assert any("uses the length of a ragged input" in m for m in stats.module_misses)
 
 
+class WithLength(nn.Module):
+    """Returns its input's length and shape beside a tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 2)
+
+    def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, int, torch.Size, list[int]]:
+        return self.lin(h), h.shape[0], h.shape, [len(h)]
+
+
+def test_a_length_returned_by_a_traced_call_is_an_int_as_eagerly() -> None:
+    """The traced call handed back its internal length object (``isinstance(n, int)`` false,
+    not JSON-serialisable) and a tuple for ``h.shape``; results kept ``torch.Size`` as a
+    tuple."""
+    model = WithLength().double()
+    xs = _sequences()
+    got = bf.batch_map(lambda x: model(torch.as_tensor(x)), xs)
+    for (_, n, shape, ns), x in zip(got, xs, strict=True):
+        assert type(n) is int and n == len(x) and ns == [len(x)] and type(ns[0]) is int
+        assert type(shape) is torch.Size and shape == (len(x), 4)
+
+
 class RunningSum(nn.Module):
     """Running sums over the rows: an op with no ragged rule for its input."""
 

@@ -30,7 +30,7 @@ from .lazy import Lazy as Lazy
 from .lazy import batch_map as batch_map
 from .lazy import function as function
 from .lazy import last_stats as last_stats
-from .lazy.macros import no_cache as no_cache
+from .lazy.semantics import no_cache as no_cache
 from .ops import RULES as RULES
 from .ops import OpRule as OpRule
 from .schedule import Plan as Plan

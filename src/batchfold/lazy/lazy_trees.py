@@ -11,12 +11,13 @@ import copy
 import dataclasses
 from typing import Any
 
+import torch
 from torch import Tensor
 from torch.utils._pytree import tree_map
 
 from .tensor import Lazy
 
-_LEAVES = frozenset([int, float, bool, complex, str, bytes, type(None)])
+_LEAVES = frozenset([int, float, bool, complex, str, bytes, type(None), torch.Size])
 
 
 def has_lazy(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> bool:

@@ -22,6 +22,8 @@ from __future__ import annotations
 import operator
 from typing import Any, Protocol
 
+import torch
+
 Guard = tuple[str, Any, bool, int]  # (comparison, the number compared with, answer, class)
 
 FIXED, ROWS, SQUARE = 0, 1, 2
@@ -189,3 +191,22 @@ def plain_lengths(tree: Any) -> Any:
 
 
 _NESTED = (tuple, list, dict, TracedShape)
+
+
+def plain_result(tree: Any) -> Any:
+    """A traced call's result as eager code gets it back: a :class:`Length` its number (a use,
+    so the call is not cached) and a :class:`TracedShape` a ``torch.Size``, also inside plain
+    tuples, lists and dicts."""
+    kind = type(tree)
+    if kind is Length:
+        return tree.used("the call's result")
+    if kind is TracedShape:
+        return torch.Size(plain_result(item) for item in tree)
+    if (kind is tuple or kind is list) and any(type(item) in _IN_RESULTS for item in tree):
+        return kind(plain_result(item) for item in tree)
+    if kind is dict and any(type(item) in _IN_RESULTS for item in tree.values()):
+        return {name: plain_result(item) for name, item in tree.items()}
+    return tree
+
+
+_IN_RESULTS = (Length, TracedShape, tuple, list, dict)

@@ -7,7 +7,7 @@ no value, wrote nothing outside itself and drew no random numbers outside its pe
 the ops become a :class:`Template`: every later call with that key is one graph node, and its
 batched step replays the template's ops on the whole batch, nothing gathered inside. Calls that
 cannot be cached are recorded op by op, correctly, and the statistics say which and why.
-``batch_map(..., cache_modules=False)`` or :func:`no_cache` on a module switches it off. A call
+``batch_map(..., cache_modules=False)`` or :func:`~.semantics.no_cache` on a module switches it off. A call
 on ragged inputs (tensors of 2 or more dims, with ragged batching on) is keyed without their
 length: see :mod:`.ragged_macros`.
 """
@@ -25,7 +25,7 @@ from ..ops import OpRule
 from .inference import template
 from .kept import keep, kept
 from .lazy_trees import build
-from .lengths import Guard
+from .lengths import Guard, plain_result
 from .module_state import EPOCH, Watch
 from .ragged_keys import (
     BY_SHAPE,
@@ -37,7 +37,7 @@ from .ragged_keys import (
     takes_sequences,
 )
 from .ragged_macros import ORIGINAL_CALL, RaggedMacro, RaggedTemplate, call_ragged
-from .semantics import grad_mode, own_hooks
+from .semantics import NO_CACHE, grad_mode, own_hooks
 from .sites import user_site
 from .tensor import Lazy
 from .traces import Template, Trace, attribute_state, changed_attribute
@@ -45,19 +45,9 @@ from .traces import Template, Trace, attribute_state, changed_attribute
 if TYPE_CHECKING:
     from .recorder import Recorder
 
-_OFF = "_batchfold_no_cache"
 MISSED = object()  # ModuleCache.hit found no confirmed entry
 _grad_enabled = torch.is_grad_enabled
 _inference_mode = torch.is_inference_mode_enabled
-
-
-def no_cache(module: nn.Module) -> nn.Module:
-    """Record every call of ``module`` inside ``batch_map`` op by op (no cached trace).
-
-    Returns the module, so it can wrap a constructor: ``head = bf.no_cache(nn.Linear(4, 2))``.
-    """
-    setattr(module, _OFF, True)
-    return module
 
 
 class _Entry:
@@ -224,7 +214,7 @@ class ModuleCache:
             entry.watch = Watch(module)
             if self.rec.by_identity:
                 entry.read = None
-            if getattr(module, _OFF, False):
+            if getattr(module, NO_CACHE, False):
                 entry.reason = "switched off with no_cache"
             elif any(own_hooks(m) for m in module.modules()):
                 entry.reason = "it or a submodule has hooks"
@@ -263,6 +253,8 @@ class ModuleCache:
         state = attribute_state(module)
         try:
             result = ORIGINAL_CALL(module, *args, **kwargs)
+            if lengths is not None:
+                result = plain_result(result)  # x.shape[0] returned: the number
         finally:
             if rec.trace is trace:  # a read inside the call has already stopped it
                 rec.trace = None

@@ -160,6 +160,18 @@ def in_place_form(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> A
     return getattr(torch.Tensor, stem, None) or False
 
 
+NO_CACHE = "_batchfold_no_cache"  # the attribute :func:`no_cache` sets on a module
+
+
+def no_cache(module: torch.nn.Module) -> torch.nn.Module:
+    """Record every call of ``module`` inside ``batch_map`` op by op (no cached trace).
+
+    Returns the module, so it can wrap a constructor: ``head = bf.no_cache(nn.Linear(4, 2))``.
+    """
+    setattr(module, NO_CACHE, True)
+    return module
+
+
 def own_hooks(module: torch.nn.Module) -> bool:
     """Whether ``module`` itself has forward or backward hooks (or pre-hooks)."""
     return bool(
