@@ -79,3 +79,19 @@ def test_numpy_conversion_and_formatting_read_the_value_as_eagerly() -> None:
         bf.batch_map(lambda x: np.asarray(torch.as_tensor(x) * weight), xs)
     with pytest.raises(TypeError, match="unsupported format string"):  # as eagerly
         bf.batch_map(lambda x: f"{torch.as_tensor(x) * 1:.3f}", xs)
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_a_decoder_layer_with_a_causal_mask_made_inside(scheduler: Scheduler) -> None:
+    """The layer asks ``F._none_or_dtype`` of its mask, which refused a lazy one."""
+    torch.manual_seed(0)
+    layer = nn.TransformerDecoderLayer(8, 2, 16, dropout=0.0, batch_first=True).double()
+    sequences = [torch.randn(n, 8, dtype=torch.float64) for n in (3, 1, 5, 4)]
+
+    def decode(s: torch.Tensor) -> torch.Tensor:
+        x = torch.as_tensor(s)
+        causal = nn.Transformer.generate_square_subsequent_mask(x.shape[0], dtype=x.dtype)
+        bool_causal = torch.triu(torch.ones(x.shape[0], x.shape[0], dtype=torch.bool), 1)
+        return layer(x, x[:2], tgt_mask=causal) + layer(x, x, tgt_mask=bool_causal)
+
+    assert_matches_eager(decode, sequences, layer, scheduler)

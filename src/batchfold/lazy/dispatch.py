@@ -15,6 +15,7 @@ third of the calls of a per-node Tree-LSTM) is a C++ function that reaches the m
 PyTorch's C++ dispatch; :func:`tensor` stands in for it in the ``torch`` namespace and takes
 such a call straight to the recorder's source maker, as the mode would; :func:`as_tensor`
 does the same for ``torch.as_tensor`` of a tensor or an array (a molecule's features).
+:func:`none_or_dtype` lets attention layers take a mask made inside the function.
 
 ``F.cross_entropy`` (the per-node loss of tree and sequence models) spends as long in its own
 Python prologue as in recording; :func:`cross_entropy` stands in for it in
@@ -42,6 +43,7 @@ ORIGINAL = torch.overrides.handle_torch_function
 ORIGINAL_TENSOR = torch._C._VariableFunctions.tensor  # pyright: ignore[reportAttributeAccessIssue]
 ORIGINAL_AS_TENSOR: Any = torch.as_tensor
 ORIGINAL_CROSS_ENTROPY: Any = torch.nn.functional.cross_entropy
+ORIGINAL_NONE_OR_DTYPE: Any = torch.nn.functional._none_or_dtype
 _MODULES = (torch.nn.functional, torch.functional, torch._tensor)
 _stack_len = torch._C._len_torch_function_stack
 _stack_at = torch._C._get_function_stack_at
@@ -149,6 +151,14 @@ def cross_entropy(
     )
 
 
+def none_or_dtype(mask: Any) -> Any:
+    """``F._none_or_dtype``, which attention layers ask of their masks, taking a lazy mask (a
+    causal mask made inside the function): PyTorch's refuses all but tensors and ``None``."""
+    if type(mask) is Lazy:
+        return mask.dtype
+    return ORIGINAL_NONE_OR_DTYPE(mask)
+
+
 def _taking_lengths(name: str, original: Any) -> Any:
     def factory(*args: Any, **kwargs: Any) -> Any:
         if any(type(a) is Length for a in (*args, *kwargs.values())):
@@ -188,6 +198,7 @@ def patch(on: bool) -> None:
         (torch, "tensor", ORIGINAL_TENSOR, tensor),
         (torch, "as_tensor", ORIGINAL_AS_TENSOR, as_tensor),
         (torch.nn.functional, "cross_entropy", ORIGINAL_CROSS_ENTROPY, cross_entropy),
+        (torch.nn.functional, "_none_or_dtype", ORIGINAL_NONE_OR_DTYPE, none_or_dtype),
         *_LENGTH_FACTORIES,
     ]
     for module, name, original, replacement in swaps:
