@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 import batchfold as bf
+from batchfold.lazy.dispatch import ORIGINAL_IS_TENSOR
 from batchfold.schedule import Scheduler
 from reference import assert_matches_eager
 
@@ -95,3 +96,13 @@ def test_a_decoder_layer_with_a_causal_mask_made_inside(scheduler: Scheduler) ->
         return layer(x, x[:2], tgt_mask=causal) + layer(x, x, tgt_mask=bool_causal)
 
     assert_matches_eager(decode, sequences, layer, scheduler)
+
+
+def test_torch_is_tensor_of_a_lazy_value_is_true_as_eagerly() -> None:
+    """A branch on it took the other way; ``isinstance(x, torch.Tensor)`` stays false (see the
+    README), and ``torch.is_tensor`` is PyTorch's again after the run."""
+    xs = [torch.randn(3) for _ in range(2)]
+    got = bf.batch_map(lambda x: torch.is_tensor(torch.as_tensor(x) * 2), xs)
+    assert got == [True, True]
+    assert torch.is_tensor is ORIGINAL_IS_TENSOR
+    assert not torch.is_tensor(object()) and torch.is_tensor(xs[0])

@@ -15,7 +15,8 @@ third of the calls of a per-node Tree-LSTM) is a C++ function that reaches the m
 PyTorch's C++ dispatch; :func:`tensor` stands in for it in the ``torch`` namespace and takes
 such a call straight to the recorder's source maker, as the mode would; :func:`as_tensor`
 does the same for ``torch.as_tensor`` of a tensor or an array (a molecule's features).
-:func:`none_or_dtype` lets attention layers take a mask made inside the function.
+:func:`none_or_dtype` lets attention layers take a mask made inside the function, and
+:func:`is_tensor` answers ``torch.is_tensor`` of a lazy value as eagerly.
 
 ``F.cross_entropy`` (the per-node loss of tree and sequence models) spends as long in its own
 Python prologue as in recording; :func:`cross_entropy` stands in for it in
@@ -44,6 +45,7 @@ ORIGINAL_TENSOR = torch._C._VariableFunctions.tensor  # pyright: ignore[reportAt
 ORIGINAL_AS_TENSOR: Any = torch.as_tensor
 ORIGINAL_CROSS_ENTROPY: Any = torch.nn.functional.cross_entropy
 ORIGINAL_NONE_OR_DTYPE: Any = torch.nn.functional._none_or_dtype
+ORIGINAL_IS_TENSOR: Any = torch.is_tensor
 _MODULES = (torch.nn.functional, torch.functional, torch._tensor)
 _stack_len = torch._C._len_torch_function_stack
 _stack_at = torch._C._get_function_stack_at
@@ -159,6 +161,12 @@ def none_or_dtype(mask: Any) -> Any:
     return ORIGINAL_NONE_OR_DTYPE(mask)
 
 
+def is_tensor(obj: Any) -> bool:
+    """``torch.is_tensor`` that answers ``True`` for a lazy value, as eagerly for the tensor
+    it stands for (a branch on it took the other way)."""
+    return type(obj) is Lazy or ORIGINAL_IS_TENSOR(obj)
+
+
 def _taking_lengths(name: str, original: Any) -> Any:
     def factory(*args: Any, **kwargs: Any) -> Any:
         if any(type(a) is Length for a in (*args, *kwargs.values())):
@@ -199,6 +207,7 @@ def patch(on: bool) -> None:
         (torch, "as_tensor", ORIGINAL_AS_TENSOR, as_tensor),
         (torch.nn.functional, "cross_entropy", ORIGINAL_CROSS_ENTROPY, cross_entropy),
         (torch.nn.functional, "_none_or_dtype", ORIGINAL_NONE_OR_DTYPE, none_or_dtype),
+        (torch, "is_tensor", ORIGINAL_IS_TENSOR, is_tensor),
         *_LENGTH_FACTORIES,
     ]
     for module, name, original, replacement in swaps:
