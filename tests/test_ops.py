@@ -53,6 +53,10 @@ OPS: dict[str, Op] = {
     "div": lambda x: x / (x.abs() + 1),
     "pow": lambda x: x**2,
     "where-compare": lambda x: torch.where(x > 0, x, S.v * 2),
+    "masked_fill-number": lambda x: x.masked_fill(x > 0, 0.5),
+    "masked_fill-shared-value": lambda x: x.masked_fill(x > 0, S.v[0]),
+    # a per-instance 0-d value: the rowwise rule would give masked_fill a [n, 1, 1] value
+    "masked_fill-instance-value": lambda x: x.masked_fill(x > 0, x[0, 0] * 2),
     "clamp": lambda x: x.clamp(-0.5, 0.5),
     "maximum": lambda x: torch.maximum(x, S.v),
     "dropout-eval": lambda x: F.dropout(x, 0.5, training=False),
@@ -203,6 +207,7 @@ def test_cross_entropy_over_rows_is_batched_without_vmap(reduction: str) -> None
 # calls it on x: [4, 3], with no nn.Module call (a cached module call would hide the op).
 FAMILY_CASES: list[tuple[Any, Op]] = [
     (torch.tanh, torch.tanh),
+    (torch.Tensor.masked_fill, lambda x: x.masked_fill(x > 0, 0.5)),
     (F.linear, lambda x: F.linear(x, S.lin.weight, S.lin.bias)),
     (torch.matmul, lambda x: torch.matmul(x, S.w.t())),
     (

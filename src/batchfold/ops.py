@@ -139,7 +139,6 @@ register(
         "maximum",
         "minimum",
         "where",
-        "masked_fill",
         "lerp",
         "addcmul",
         "eq",
@@ -218,6 +217,16 @@ register(
     ],
     ROWWISE,
 )
+
+
+def _fill_value_shared(args: tuple[Any, ...], kwargs: dict[str, Any], metas: Any) -> bool:
+    """``masked_fill``'s value is a number or a shared tensor: a per-instance 0-d value would
+    be lifted to ``[n, 1...]``, which ``masked_fill`` refuses (it takes 0-d values only)."""
+    value = args[2] if len(args) > 2 else kwargs.get("value")
+    return type(value) is not Slot
+
+
+register(named("masked_fill"), OpRule("masked_fill", batched_rowwise, True, _fill_value_shared))
 
 
 # ops with a dimension argument: per-instance dim d is batched dim d + 1 --------------------
