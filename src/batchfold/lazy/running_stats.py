@@ -41,8 +41,8 @@ class _Update:
     mean_buffer: Tensor | None
     var_buffer: Tensor | None
     momentum: float
-    mean: Lazy
-    var: Lazy
+    mean: Lazy | None  # None for a call on no values, which moves nothing (but counts)
+    var: Lazy | None
 
 
 def _bind(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
@@ -86,16 +86,15 @@ class RunningStats:
                     "module's mode outside batch_map."
                 )
             return None
-        shape = x.shape
+        shape = torch.Size(x._meta.shape)  # plain numbers, also in a traced call on sequences
+        if len(shape) < 2:
+            raise ValueError(f"{name} at {user_site()} needs an input of two or more dimensions")
         per_channel = shape[0] if name == "batch_norm" else 1
         for size in shape[2:]:
             per_channel *= size
-        if per_channel <= 1 or len(shape) < 2:
-            raise ValueError(  # as F.batch_norm and F.instance_norm say it eagerly
-                f"Expected more than 1 value per channel when training, got input size {shape}"
-                if len(shape) >= 2
-                else f"{name} at {user_site()} needs an input of two or more dimensions"
-            )
+        if per_channel == 1:  # as F.batch_norm and F.instance_norm say it eagerly
+            what = "value per channel" if name == "batch_norm" else "spatial element"
+            raise ValueError(f"Expected more than 1 {what} when training, got input size {shape}")
         if not rec.moves_running_stats:
             raise UnsupportedOpError(
                 f"{name} at {user_site()} in training mode with running statistics inside a "
@@ -107,10 +106,11 @@ class RunningStats:
         eps = named["eps"]
         out = rec.call(form, (x, None, None, named["weight"], named["bias"], True, 0.0, eps), {})
         dims = tuple(d for d in range(len(shape)) if d != 1) if name == "batch_norm" else None
+        mean = var = None  # no values: eagerly the statistics do not move
         with torch.no_grad():
-            if dims is not None:
+            if per_channel and dims is not None:
                 var, mean = rec.call(torch.var_mean, (x, dims), {"correction": 1})
-            else:  # per instance and channel, then averaged, as instance_norm moves them
+            elif per_channel:  # per instance and channel, then averaged, as instance_norm does
                 dims = tuple(range(2, len(shape)))
                 var, mean = rec.call(torch.var_mean, (x, dims), {"correction": 1})
                 var, mean = rec.call(torch.mean, (var, 0), {}), rec.call(torch.mean, (mean, 0), {})
@@ -130,8 +130,9 @@ class RunningStats:
         pair of buffers go to its calls in eager order instead.
         """
         pending, self.pending, self.buffers = self.pending, [], set()
-        n = len(pending)
-        stats = {id(u): (values[i], values[n + i]) for i, u in enumerate(pending)}
+        moving = [u for u in pending if u.mean is not None]
+        n = len(moving)
+        stats = {id(u): (values[i], values[n + i]) for i, u in enumerate(moving)}
         groups: dict[tuple[int, int], list[_Update]] = {}
         for u in pending:
             groups.setdefault((id(u.mean_buffer), id(u.var_buffer)), []).append(u)
@@ -140,6 +141,8 @@ class RunningStats:
                 momenta = [u.momentum for u in group]
                 eager_order = sorted(group, key=lambda u: (u.instance, u.order))
                 for u, m in zip(eager_order, momenta, strict=True):
+                    if u.mean is None:
+                        continue
                     mean, var = stats[id(u)]
                     for buffer, stat in ((u.mean_buffer, mean), (u.var_buffer, var)):
                         if buffer is not None:
@@ -148,4 +151,5 @@ class RunningStats:
 
     def lazies(self) -> list[Lazy]:
         """The pending updates' means, then their variances (see :meth:`apply`)."""
-        return [u.mean for u in self.pending] + [u.var for u in self.pending]
+        means = [u.mean for u in self.pending if u.mean is not None]
+        return means + [u.var for u in self.pending if u.var is not None]
