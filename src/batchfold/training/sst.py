@@ -124,7 +124,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=150,
         help="word vector size; picks the GloVe file glove.6B.<dim>d: 50 (vectors for 91.8%% of "
-        "the SST words), 100 (the partial file: 88.9%%, no vectors for 'a', \"'s\", \"n't\" "
+        "the SST words), 100 (the partial file: 89.9%%, no vectors for 'a', \"'s\", \"n't\" "
         "and other short tokens) or 150 (the 50d and 100d vectors side by side, the best on "
         "dev); words without a vector get the random initialisation (default: %(default)s)",
     )
