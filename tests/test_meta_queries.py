@@ -80,6 +80,10 @@ def test_numpy_conversion_and_formatting_read_the_value_as_eagerly() -> None:
         bf.batch_map(lambda x: np.asarray(torch.as_tensor(x) * weight), xs)
     with pytest.raises(TypeError, match="unsupported format string"):  # as eagerly
         bf.batch_map(lambda x: f"{torch.as_tensor(x) * 1:.3f}", xs)
+    with pytest.raises(ValueError, match="avoid copy"):  # as NumPy answers a tensor
+        np.asarray(xs[0], copy=False)
+    with pytest.raises(ValueError, match="avoid copy"):
+        bf.batch_map(lambda x: np.asarray(torch.as_tensor(x) * 2, copy=False), xs)
 
 
 @pytest.mark.parametrize("scheduler", SCHEDULERS)

@@ -208,6 +208,9 @@ def test_cross_entropy_over_rows_is_batched_without_vmap(reduction: str) -> None
 FAMILY_CASES: list[tuple[Any, Op]] = [
     (torch.tanh, torch.tanh),
     (torch.Tensor.masked_fill, lambda x: x.masked_fill(x > 0, 0.5)),
+    # the forms batch_map records for normalisation in training mode (lazy/running_stats.py)
+    (F.batch_norm, lambda x: F.batch_norm(x, None, None, S.v, S.v * 2, True, 0.0, 1e-5)),
+    (F.instance_norm, lambda x: F.instance_norm(x[None], None, None, None, None, True, 0.0, 1e-5)),
     (F.linear, lambda x: F.linear(x, S.lin.weight, S.lin.bias)),
     (torch.matmul, lambda x: torch.matmul(x, S.w.t())),
     (

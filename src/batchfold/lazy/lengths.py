@@ -19,6 +19,8 @@ show them, and a value's *flag* says which it is: :data:`FIXED`, rows of a class
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import operator
 from typing import Any, Protocol
 
@@ -193,20 +195,34 @@ def plain_lengths(tree: Any) -> Any:
 _NESTED = (tuple, list, dict, TracedShape)
 
 
+_IN_RESULTS = (Length, TracedShape, tuple, list, dict)
+
+
 def plain_result(tree: Any) -> Any:
     """A traced call's result as eager code gets it back: a :class:`Length` its number (a use,
-    so the call is not cached) and a :class:`TracedShape` a ``torch.Size``, also inside plain
-    tuples, lists and dicts."""
+    so the call is not cached) and a :class:`TracedShape` a ``torch.Size``, also inside
+    tuples (named ones too), lists, dicts (keys too) and dataclasses."""
     kind = type(tree)
     if kind is Length:
         return tree.used("the call's result")
     if kind is TracedShape:
         return torch.Size(plain_result(item) for item in tree)
-    if (kind is tuple or kind is list) and any(type(item) in _IN_RESULTS for item in tree):
-        return kind(plain_result(item) for item in tree)
-    if kind is dict and any(type(item) in _IN_RESULTS for item in tree.values()):
-        return {name: plain_result(item) for name, item in tree.items()}
+    if isinstance(tree, (tuple, list)) and any(_holds_length(item) for item in tree):
+        items = [plain_result(item) for item in tree]
+        return kind(*items) if hasattr(tree, "_fields") else kind(items)
+    if isinstance(tree, dict) and any(_holds_length(x) for x in (*tree, *tree.values())):
+        new = copy.copy(tree)  # a dict subclass (defaultdict...) keeps its kind and settings
+        new.clear()
+        new.update((plain_result(k), plain_result(v)) for k, v in tree.items())
+        return new
+    if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
+        fields = {f.name: getattr(tree, f.name) for f in dataclasses.fields(tree) if f.init}
+        if any(_holds_length(v) for v in fields.values()):
+            return dataclasses.replace(tree, **{k: plain_result(v) for k, v in fields.items()})
     return tree
 
 
-_IN_RESULTS = (Length, TracedShape, tuple, list, dict)
+def _holds_length(item: Any) -> bool:
+    return type(item) in (Length, TracedShape) or (
+        isinstance(item, (tuple, list, dict)) or dataclasses.is_dataclass(item)
+    )

@@ -7,9 +7,9 @@ no value, wrote nothing outside itself and drew no random numbers outside its pe
 the ops become a :class:`Template`: every later call with that key is one graph node, and its
 batched step replays the template's ops on the whole batch, nothing gathered inside. Calls that
 cannot be cached are recorded op by op, correctly, and the statistics say which and why.
-``batch_map(..., cache_modules=False)`` or :func:`~.semantics.no_cache` on a module switches it off. A call
-on ragged inputs (tensors of 2 or more dims, with ragged batching on) is keyed without their
-length: see :mod:`.ragged_macros`.
+``batch_map(..., cache_modules=False)`` or :func:`~.semantics.no_cache` on a module switches it
+off. A call on ragged inputs (tensors of 2 or more dims, with ragged batching on) is keyed
+without their length: see :mod:`.ragged_macros`.
 """
 
 from __future__ import annotations

@@ -239,6 +239,8 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
 
     def _eager(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], key: Any) -> Any:
         """Run a call on shared tensors at once, memoised (see :mod:`.shared_calls`)."""
+        if self.running_stats.buffers:  # buffers a training normalisation moves: see there
+            self.running_stats.refuse_use((*args, *kwargs.values()), func_name(func))
         result, seen = self._shared.call(func, args, kwargs, key)
         if self.trace is not None and seen:
             if seen == READ:  # w.tolist(), w.dim(): a value read into Python
@@ -277,6 +279,7 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
         # their history, as in eager PyTorch; tensors that need no grad record none
         with torch._C.DisableTorchFunction(), torch.enable_grad():
             self._check_shared_versions()  # with the mode off: a tensor's version is a getter
+            self.running_stats.refuse_reads(self.graph)  # see running_stats.py
             start = time.perf_counter()
             plan = schedule(
                 self.graph, self.scheduler, len(self.store.outputs), self.store.locations
@@ -299,7 +302,7 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
         if self.running_stats.pending:
             with torch._C.DisableTorchFunction():
                 vids = [x._vid for x in self.running_stats.lazies()]
-                self.running_stats.apply(self.store.values(vids))
+                self.running_stats.apply(self.store.values(vids) if vids else [])
 
     def _check_shared_versions(self) -> None:
         self._check_instance_memory()
@@ -332,6 +335,7 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
         computed, the instance pauses, or everything pending runs."""
         if self.closed:
             raise LazyValueError(LAZY_AFTER_RUN.format(what=what))
+        self.running_stats.refuse_sync(what)  # see running_stats.py
         if self.trace is not None:  # other instances run while this one waits: stop tracing
             self.trace.refuse("reads a value (a sync point)")
             self.trace = None

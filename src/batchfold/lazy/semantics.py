@@ -319,8 +319,6 @@ def refuse_unrecordable(
         )
 
 
-# Tensor attributes the lazy tensor does not record as calls (object protocol, reads,
-# autograd, memory; see lazy/tensor.py)
 # calls that only ask about a value's dtype, rank or size (nn.MultiheadAttention asks
 # torch.is_floating_point(mask)): answered from the lazy value's shape and dtype at once
 META_QUERIES: dict[Any, Callable[[Any], Any]] = {
@@ -337,6 +335,8 @@ META_QUERIES: dict[Any, Callable[[Any], Any]] = {
     torch.Tensor.get_device: lambda x: -1 if x.device.type == "cpu" else x.device.index,
 }
 
+# Tensor attributes the lazy tensor does not record as calls (object protocol, reads,
+# autograd, memory; see lazy/tensor.py)
 NOT_RECORDED = frozenset(
     """
     __init__ __new__ __class__ __getattribute__ __setattr__ __delattr__ __repr__ __str__

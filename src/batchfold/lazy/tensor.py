@@ -254,6 +254,8 @@ class Lazy:
     def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
         """``np.asarray(x)``: the value as a NumPy array (a sync point), as eagerly; without
         it NumPy would wrap the lazy object in an array of objects."""
+        if copy is False:  # as NumPy answers a tensor, whose __array__ cannot promise it
+            raise ValueError("Unable to avoid copy while creating an array as requested.")
         return self._read("np.asarray()").__array__(dtype)
 
     def __format__(self, spec: str) -> str:
