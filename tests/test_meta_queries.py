@@ -64,6 +64,7 @@ def test_attention_with_a_key_padding_mask_made_inside(scheduler: Scheduler) -> 
     assert_matches_eager(attend, sequences, attention, scheduler)
 
 
+@pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy")  # a tensor's
 def test_numpy_conversion_and_formatting_read_the_value_as_eagerly() -> None:
     """``np.asarray(x)`` wrapped the lazy object in an array of objects (its sum came back a
     lazy tensor, where eagerly a NumPy number); ``f"{loss:.3f}"`` raised a TypeError."""
