@@ -208,6 +208,10 @@ def _read_after(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return norm(torch.as_tensor(x)).sum() + _buffers(norm)[0].sum()
 
 
+def _read_in_a_list_after(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return norm(torch.as_tensor(x)).sum() + torch.stack(_buffers(norm)).sum()
+
+
 def _lazy_read_after(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return norm(torch.as_tensor(x)) + _buffers(norm)[1]
 
@@ -229,6 +233,7 @@ def _value_read_before(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
         (_train_then_eval, "evaluation mode at .* uses running statistics"),
         (_eval_then_train, "reads running statistics"),  # one instance: the read came first
         (_read_after, "uses running statistics"),
+        (_read_in_a_list_after, "uses running statistics"),
         (_lazy_read_after, "running statistics that a batch_norm call"),
         (_value_read_after, "reads a value after a normalisation"),
         (_value_read_before, "after a value read"),

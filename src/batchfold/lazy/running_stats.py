@@ -146,7 +146,9 @@ class RunningStats:
         """Refuse ``what`` (a call, a read) on ``tensors`` if a training call of this batch
         moves one of them: eagerly it sees them moved."""
         for t in tensors:
-            if type(t) is Tensor and id(t) in self.buffers:
+            if type(t) in (list, tuple):  # torch.stack([m.running_mean, ...])
+                self.refuse_use(t, what)
+            elif type(t) is Tensor and id(t) in self.buffers:
                 raise UnsupportedOpError(
                     f"{what} at {user_site()} uses running statistics that a "
                     f"{self.buffers[id(t)]} call of this batch_map in training mode moves: "
