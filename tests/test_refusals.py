@@ -222,3 +222,17 @@ def test_leaves_passed_in_the_instances_get_their_gradients() -> None:
     want = torch.autograd.grad(torch.stack([_hidden(a).pow(2).sum() for a in leaves]).sum(), leaves)
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w)
+
+
+@pytest.mark.parametrize("cache_modules", [True, False])
+def test_a_lazy_module_not_made_yet_is_refused_with_the_way_out(cache_modules: bool) -> None:
+    """Its first call made its parameters from a lazy value, and PyTorch raised from deep
+    inside (an uninitialized parameter's dim()); made by a call outside, it runs."""
+    layer = nn.LazyLinear(2)
+    xs = [torch.randn(3, 4) for _ in range(2)]
+    with pytest.raises(UnsupportedOpError, match="LazyLinear at .* not made yet"):
+        bf.batch_map(lambda x: layer(torch.as_tensor(x)), xs, cache_modules=cache_modules)
+    layer(xs[0])  # a dry run makes the parameters
+    got = bf.batch_map(lambda x: layer(torch.as_tensor(x)), xs, cache_modules=cache_modules)
+    for g, x in zip(got, xs, strict=True):
+        torch.testing.assert_close(g, layer(x))

@@ -39,7 +39,7 @@ from .lazy_trees import has_lazy
 from .macros import MISSED
 from .module_state import ACTIVE, SET_AT, module_setattr
 from .ragged_macros import ORIGINAL_CALL
-from .semantics import own_hooks
+from .semantics import own_hooks, refuse_uninitialized
 
 __all__ = ["install", "uninstall"]
 
@@ -62,6 +62,8 @@ def _module_call(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
     active = getattr(THREAD, "active", None)  # active_recorder(), inline
     rec = active[-1] if active else None
     if rec is None or rec.modules is None or rec.trace is not None or any(_GLOBAL_HOOKS):
+        if rec is not None and has_lazy(args, kwargs):
+            refuse_uninitialized(module)
         return ORIGINAL_CALL(module, *args, **kwargs)  # global hooks run on every call: op by op
     if args and not kwargs:
         if type(module) is _IDENTITY and len(args) == 1 and not own_hooks(module):

@@ -37,7 +37,7 @@ from .ragged_keys import (
     takes_sequences,
 )
 from .ragged_macros import ORIGINAL_CALL, RaggedMacro, RaggedTemplate, call_ragged
-from .semantics import NO_CACHE, grad_mode, own_hooks
+from .semantics import NO_CACHE, grad_mode, own_hooks, refuse_uninitialized
 from .sites import user_site
 from .tensor import Lazy
 from .traces import Template, Trace, attribute_state, changed_attribute
@@ -156,6 +156,7 @@ class ModuleCache:
 
     def call(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """``module(*args, **kwargs)`` inside ``batch_map``: a macro node, or traced op by op."""
+        refuse_uninitialized(module)
         rec = self.rec
         if EPOCH[0] != self.epoch:
             self.drop_changed()

@@ -10,13 +10,15 @@ every node runs under the grad mode it was recorded in.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
+from torch.nn.modules.lazy import LazyModuleMixin
 
 from ..errors import UnsupportedOpError
 from ..signature import INHERITS_GRAD, NEEDS_GRAD, NO_GRAD
+from .sites import user_site
 
 # Calls whose result may share memory with their first argument in eager PyTorch
 # (a superset: an op listed here that copies only makes a later write refused, never wrong).
@@ -170,6 +172,19 @@ def no_cache(module: torch.nn.Module) -> torch.nn.Module:
     """
     setattr(module, NO_CACHE, True)
     return module
+
+
+def refuse_uninitialized(module: torch.nn.Module) -> None:
+    """Refuse a lazy module (``nn.LazyLinear``...) whose parameters are not made yet: inside
+    ``batch_map`` they would be made from a per-instance value (PyTorch's own error follows
+    from deep inside otherwise)."""
+    lazy = cast(Any, module) if isinstance(module, LazyModuleMixin) else None
+    if lazy is not None and lazy.has_uninitialized_params():
+        raise UnsupportedOpError(
+            f"{type(module).__name__} at {user_site()} has parameters not made yet (a lazy "
+            "module): inside batch_map its first call would make them from a per-instance "
+            "value. Call it once outside batch_map, on one instance, to make them."
+        )
 
 
 def own_hooks(module: torch.nn.Module) -> bool:
