@@ -335,7 +335,8 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
         computed, the instance pauses, or everything pending runs."""
         if self.closed:
             raise LazyValueError(LAZY_AFTER_RUN.format(what=what))
-        self.running_stats.refuse_sync(what)  # see running_stats.py
+        if self.running_stats.pending:  # see running_stats.py
+            self.running_stats.refuse_sync(what)
         if self.trace is not None:  # other instances run while this one waits: stop tracing
             self.trace.refuse("reads a value (a sync point)")
             self.trace = None
