@@ -361,6 +361,10 @@ def test_tensor_arguments_passed_by_keyword(scheduler: str) -> None:
         (lambda t: torch.bincount(t.long()), "one_hot"),
         (lambda t: torch.repeat_interleave(t, t.long()), "Python int"),
         (lambda t: torch.where(t > 0), "three arguments"),
+        (
+            lambda t: nn.utils.rnn.pack_sequence([t.view(-1, 1)]),
+            "call the recurrent layer on each sequence itself",
+        ),
     ],
 )
 def test_value_shaped_ops_are_refused_with_the_right_way(code: Any, fix: str) -> None:

@@ -285,6 +285,9 @@ _VALUE_SHAPED = {
     "unique_consecutive": "compare neighbours (x[1:] != x[:-1]), which keeps the shape",
     "masked_select": "torch.where(mask, x, 0) keeps the shape",
     "bincount": "F.one_hot(x, num_classes).sum(0) has a fixed length",
+    # pack_sequence and pack_padded_sequence of one instance's sequences
+    "_pack_padded_sequence": "batch_map batches sequences of any length already: call the "
+    "recurrent layer on each sequence itself, unpadded",
 }
 
 
