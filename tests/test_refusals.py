@@ -236,3 +236,24 @@ def test_a_lazy_module_not_made_yet_is_refused_with_the_way_out(cache_modules: b
     got = bf.batch_map(lambda x: layer(torch.as_tensor(x)), xs, cache_modules=cache_modules)
     for g, x in zip(got, xs, strict=True):
         torch.testing.assert_close(g, layer(x))
+
+
+def test_a_distribution_validating_a_lazy_value_names_the_way_out() -> None:
+    """Its ``isinstance(value, torch.Tensor)`` check raised "must be a Tensor"; without
+    validation the same code equals eager."""
+    torch.manual_seed(0)
+    head = nn.Linear(4, 3)
+    xs = [torch.randn(4) for _ in range(3)]
+
+    def log_prob(x: torch.Tensor, validate: bool) -> torch.Tensor:
+        dist = torch.distributions.Categorical(
+            logits=head(torch.as_tensor(x)), validate_args=validate
+        )
+        return dist.log_prob(torch.tensor(1))
+
+    with pytest.raises(UnsupportedOpError, match="Categorical at .* validate_args=False"):
+        bf.batch_map(lambda x: log_prob(x, True), xs)
+    got = bf.batch_map(lambda x: log_prob(x, False), xs)
+    for g, x in zip(got, xs, strict=True):
+        torch.testing.assert_close(g, log_prob(x, True))
+    assert torch.distributions.Distribution._validate_sample.__name__ == "_validate_sample"

@@ -127,6 +127,21 @@ def autocast_enter(self: Any) -> Any:
     return ORIGINAL_ENTER(self)
 
 
+def validate_sample(self: Any, value: Any) -> Any:
+    """``Distribution._validate_sample`` that names the way out for a lazy value, which its
+    ``isinstance(value, torch.Tensor)`` check refuses with "must be a Tensor"."""
+    if type(value) is Lazy:
+        raise UnsupportedOpError(
+            f"{type(self).__name__} at {user_site()} validates a value (log_prob, cdf) with "
+            "isinstance(value, torch.Tensor), which a lazy value is not: inside batch_map, "
+            f"make the distribution with validate_args=False ({type(self).__name__}(..., "
+            "validate_args=False))."
+        )
+    return ORIGINAL_VALIDATE(self, value)
+
+
+_DISTRIBUTION = torch.distributions.Distribution
+ORIGINAL_VALIDATE: Any = _DISTRIBUTION._validate_sample
 _AUTOCAST = torch.amp.autocast_mode.autocast
 ORIGINAL_ENTER: Any = _AUTOCAST.__enter__
 _FUNCTION = torch.autograd.Function
@@ -142,11 +157,12 @@ _BEFORE: dict[tuple[Any, str], Any] = {}  # what the refusing forms stand in for
 
 
 def patch(on: bool) -> None:
-    """Put the refusing forms of ``Function.apply``, ``torch.autocast.__enter__`` and the
-    random generator's seeding (``torch.manual_seed``, ``torch.seed``, ``torch.set_rng_state``)
+    """Put the refusing forms of ``Function.apply``, ``torch.autocast.__enter__``,
+    ``Distribution._validate_sample`` and the random generator's seeding (``torch.manual_seed``, ``torch.seed``, ``torch.set_rng_state``)
     in place (``on``), or what was there before (PyTorch's, or a function the user put there)."""
     _FUNCTION.apply = _APPLY if on else ORIGINAL_APPLY  # type: ignore[method-assign]
     _AUTOCAST.__enter__ = autocast_enter if on else ORIGINAL_ENTER  # type: ignore[method-assign]
+    _DISTRIBUTION._validate_sample = validate_sample if on else ORIGINAL_VALIDATE  # type: ignore[method-assign]
     for (space, name, original), (_, _, refusing) in zip(_SEEDING, _RESEEDS, strict=True):
         current = getattr(space, name)
         if on and current is not refusing:
