@@ -316,3 +316,46 @@ def test_a_function_called_with_an_object_that_changes_records_its_ops(batched: 
         return outs
 
     assert_matches_eager(calls, INSTANCES)  # type: ignore[arg-type]
+
+
+def _advanced_index_writes() -> dict[str, Any]:
+    def picked(x: list[float]) -> Any:
+        h = torch.tensor(x) * 1
+        y = h[[0, 2]]  # a copy eagerly: the write leaves h alone
+        y.add_(1)
+        return h, y
+
+    mask = torch.tensor([True, False, True])  # shared: the same rows of every instance
+
+    def masked(x: list[float]) -> Any:
+        h = torch.tensor(x) * 1
+        y = h[mask]  # a copy too
+        y.mul_(2)
+        return h, y
+
+    def scattered(x: list[float]) -> Any:
+        h = torch.tensor(x) * 1
+        z = torch.zeros(4)
+        z[torch.tensor([3, 0, 1])] += h  # reads z[i] (a copy), adds, writes it back
+        return z
+
+    return {"picked": picked, "masked": masked, "scattered": scattered}
+
+
+@pytest.mark.parametrize("name", list(_advanced_index_writes()))
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_a_write_into_an_advanced_index_copy_runs_as_eagerly(name: str, scheduler: str) -> None:
+    """``x[[0, 2]]``, ``x[mask]`` and ``x[index_tensor]`` are copies eagerly; they were taken
+    for views, so a write into them (``z[i] += h``) was refused. ``x[0]`` stays a view."""
+    assert_matches_eager(_advanced_index_writes()[name], INSTANCES, None, scheduler)  # type: ignore[arg-type]
+
+
+def test_a_write_into_a_basic_index_view_is_still_refused() -> None:
+    def fn(x: list[float]) -> Any:
+        h = torch.tensor(x) * 1
+        y = h[0]  # a view eagerly: the write changes h
+        y.add_(1)
+        return h
+
+    with pytest.raises(UnsupportedOpError, match="view"):
+        bf.batch_map(fn, INSTANCES)

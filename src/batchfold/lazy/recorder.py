@@ -33,7 +33,7 @@ from .lazy_trees import has_lazy, map_lazies
 from .lengths import plain_lengths
 from .macros import ModuleCache
 from .running_stats import NORMALISATIONS, RunningStats
-from .semantics import META_QUERIES, VIEW_NAMES
+from .semantics import META_QUERIES, VIEW_NAMES, index_copies
 from .shared_calls import READ, SharedCalls
 from .signatures import SignatureMaker
 from .sites import func_name, user_site, version
@@ -199,7 +199,8 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
             if name[-1:] == "_" and name[:1] != "_":
                 return self._in_place_function(func, name, args, kwargs)
             sig = self._signature(key, func, args, kwargs, mode)
-            if name in VIEW_NAMES:
+            copies = name == "__getitem__" and len(args) > 1 and index_copies(args[-1])
+            if name in VIEW_NAMES and not copies:  # x[[0, 2]], x[mask]: copies, as eagerly
                 graph.views.add(sig.id)
         first = graph.add(sig, inputs, self.instance)
         if self.trace is not None:

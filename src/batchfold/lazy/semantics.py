@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, cast
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.nn.modules.lazy import LazyModuleMixin
@@ -172,6 +173,19 @@ def no_cache(module: torch.nn.Module) -> torch.nn.Module:
     """
     setattr(module, NO_CACHE, True)
     return module
+
+
+def index_copies(index: Any) -> bool:
+    """Whether ``x[index]`` is a copy in eager PyTorch (advanced indexing: a list, an array, a
+    Python bool, a tensor of one or more dims, a mask), not a view; anything else counts as a
+    view, which only makes a later write through it refused."""
+    for item in index if type(index) is tuple else (index,):
+        if type(item) in (bool, list) or isinstance(item, np.ndarray):
+            return True
+        tensor = hasattr(item, "dim") and getattr(item, "dtype", None) is not None  # or lazy
+        if tensor and (item.dim() > 0 or item.dtype in (torch.bool, torch.uint8)):
+            return True
+    return False
 
 
 def refuse_uninitialized(module: torch.nn.Module) -> None:
