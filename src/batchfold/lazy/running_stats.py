@@ -115,6 +115,11 @@ class RunningStats:
         if per_channel == 1:  # as F.batch_norm and F.instance_norm say it eagerly
             what = "value per channel" if name == "batch_norm" else "spatial element"
             raise ValueError(f"Expected more than 1 {what} when training, got input size {shape}")
+        momentum = named.get("momentum", 0.1)
+        if not isinstance(momentum, (int, float)):  # as PyTorch's argument parser says it
+            raise TypeError(
+                f"{name}(): argument 'momentum' must be float, not {type(momentum).__name__}"
+            )
         if rec.trace is not None:  # a cached call would not run this again: never cache it
             rec.trace.refuse("moves running statistics in place (normalisation in training)")
         weight, bias, eps = named.get("weight"), named.get("bias"), named.get("eps", 1e-5)
@@ -122,7 +127,6 @@ class RunningStats:
         mean = var = None  # no values: eagerly the statistics do not move
         if per_channel:
             mean, var = self._statistics(rec, x, name, len(shape))
-        momentum = named.get("momentum", 0.1)
         self.pending.append(_Update(mean_buffer, var_buffer, momentum, mean, var))
         self.buffers[id(mean_buffer)] = self.buffers[id(var_buffer)] = name
         return out
