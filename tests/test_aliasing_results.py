@@ -10,6 +10,7 @@ import dataclasses
 import types
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -355,6 +356,27 @@ def test_a_write_into_a_basic_index_view_is_still_refused() -> None:
         h = torch.tensor(x) * 1
         y = h[0]  # a view eagerly: the write changes h
         y.add_(1)
+        return h
+
+    with pytest.raises(UnsupportedOpError, match="view"):
+        bf.batch_map(fn, INSTANCES)
+
+
+@pytest.mark.parametrize(
+    "index",
+    [np.array(1), (np.array(0), 1), [slice(None), 0], [torch.tensor(0)]],
+    ids=["0-d array", "0-d array in a tuple", "list with a slice", "list with a 0-d tensor"],
+)
+@pytest.mark.filterwarnings("ignore:Using a non-tuple sequence for multidimensional indexing")
+def test_indices_that_eagerly_view_are_views(index: Any) -> None:
+    """A 0-d integer array selects, and a short list holding a slice or a tensor is read as a
+    tuple: views eagerly, so a write through them is refused (it was let through as a copy's,
+    and never reached the tensor)."""
+
+    def fn(x: list[float]) -> Any:
+        h = torch.tensor([x, x]) * 1
+        y = h[index]
+        y.add_(100)
         return h
 
     with pytest.raises(UnsupportedOpError, match="view"):

@@ -581,3 +581,24 @@ def test_enable_grad_inside_an_outer_no_grad_keeps_history_through_every_step(
     (want_grad,) = torch.autograd.grad(torch.stack(want).sum(), w)
     (got_grad,) = torch.autograd.grad(torch.stack(got).sum(), w)
     torch.testing.assert_close(got_grad, want_grad)
+
+
+def test_in_place_random_fills_draw_eagers_numbers() -> None:
+    """``x.normal_()`` and ``x.uniform_(a, b)`` on a value made inside (how distributions'
+    ``rsample`` draws) were refused as in-place ops with no out-of-place form."""
+    head = nn.Linear(4, 2)
+    xs = [torch.randn(4) for _ in range(3)]
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        mu = head(torch.as_tensor(x))
+        sample = torch.distributions.Normal(mu, 0.5, validate_args=False).rsample()
+        return sample + torch.empty(2).uniform_(-2.0, 3.0)
+
+    torch.manual_seed(3)
+    want = [fn(x) for x in xs]
+    torch.manual_seed(3)
+    got = bf.batch_map(fn, xs)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+    (grad,) = torch.autograd.grad(torch.stack(got).sum(), head.weight)
+    assert grad.abs().sum() > 0  # the sample is differentiable in mu, as eagerly

@@ -257,3 +257,30 @@ def test_a_distribution_validating_a_lazy_value_names_the_way_out() -> None:
     for g, x in zip(got, xs, strict=True):
         torch.testing.assert_close(g, log_prob(x, True))
     assert torch.distributions.Distribution._validate_sample.__name__ == "_validate_sample"
+
+
+def test_a_lazy_module_first_called_on_a_tensor_from_outside_runs_as_eagerly() -> None:
+    """The call makes its parameters, as eagerly (PyTorch raised from deep inside: the
+    parameters were being made as per-instance constants)."""
+    torch.manual_seed(0)
+    layer = nn.LazyLinear(2)
+    shared = torch.randn(3, 4)
+    xs = [torch.randn(3, 2) for _ in range(2)]
+    got = bf.batch_map(lambda x: layer(shared) + torch.as_tensor(x), xs)
+    for g, x in zip(got, xs, strict=True):
+        torch.testing.assert_close(g, layer(shared) + x)
+
+
+def test_a_users_own_validate_sample_comes_back_after_the_run() -> None:
+    dist = torch.distributions.Distribution
+    before = dist.__dict__["_validate_sample"]
+
+    def mine(self: Any, value: Any) -> None:
+        return before(self, value)
+
+    dist._validate_sample = mine  # type: ignore[method-assign]
+    try:
+        bf.batch_map(lambda x: torch.as_tensor(x) * 2, [torch.ones(2)])
+        assert dist.__dict__["_validate_sample"] is mine
+    finally:
+        dist._validate_sample = before  # type: ignore[method-assign]

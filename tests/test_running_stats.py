@@ -12,6 +12,7 @@ import copy
 from collections.abc import Callable
 from typing import Any, cast
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -212,6 +213,13 @@ def _read_in_a_list_after(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return norm(torch.as_tensor(x)).sum() + torch.stack(_buffers(norm)).sum()
 
 
+ALIASES = {}  # views of a layer's buffers taken outside the function (see the test)
+
+
+def _alias_read_after(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return norm(torch.as_tensor(x)).sum(0) + ALIASES[id(norm)]
+
+
 def _lazy_read_after(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return norm(torch.as_tensor(x)) + _buffers(norm)[1]
 
@@ -234,6 +242,7 @@ def _value_read_before(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
         (_eval_then_train, "reads running statistics"),  # one instance: the read came first
         (_read_after, "uses running statistics"),
         (_read_in_a_list_after, "uses running statistics"),
+        (_alias_read_after, "running statistics that a batch_norm call"),
         (_lazy_read_after, "running statistics that a batch_norm call"),
         (_value_read_after, "reads a value after a normalisation"),
         (_value_read_before, "after a value read"),
@@ -244,6 +253,7 @@ def test_other_uses_of_moved_buffers_and_sync_points_are_refused(
 ) -> None:
     """Eagerly each sees the buffers moved, partly moved or moved in another order."""
     norm = nn.BatchNorm1d(3)
+    ALIASES[id(norm)] = _buffers(norm)[0].view(3).detach()  # the same memory, another object
     lengths = [3] if fn is _eval_then_train else [3, 4, 2]
     with pytest.raises(UnsupportedOpError, match=match):
         bf.batch_map(lambda x: fn(norm, x), _rows(lengths))
@@ -276,3 +286,24 @@ def test_a_block_function_refuses_to_move_statistics() -> None:
         model([[1.0, -2.0, 0.5, 3.0]])
     norm.eval()
     model([[1.0, -2.0, 0.5, 3.0]])  # evaluation mode reads the statistics: recorded as any op
+
+
+def test_moving_the_buffers_keeps_their_versions_as_eager_kernels_do() -> None:
+    """An eager call that autograd saved the buffers for still runs its backward after a
+    batch_map moved them (a version bump made it fail), as after eager calls."""
+    norm = nn.BatchNorm1d(2)
+    x = torch.tensor([[0.0, 1.0], [2.0, 5.0]], requires_grad=True)
+    before = norm(x * 2)
+    after = bf.batch_map(lambda v: norm(torch.as_tensor(v) * x), [[[1.0, 1.0], [2.0, 3.0]]])
+    (before.sum() + after[0].sum()).backward()
+    assert x.grad is not None
+
+
+def test_momentum_as_a_numpy_number_or_a_tensor() -> None:
+    for momentum in (np.float32(0.3), torch.tensor(0.3), 1):
+        _compare(
+            lambda m=momentum: nn.BatchNorm1d(3, momentum=m),  # type: ignore[arg-type]
+            lambda m, x: m(torch.as_tensor(x)),
+            _rows([3, 4]),
+            "agenda",
+        )

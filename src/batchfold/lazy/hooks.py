@@ -62,8 +62,8 @@ def _module_call(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
     active = getattr(THREAD, "active", None)  # active_recorder(), inline
     rec = active[-1] if active else None
     if rec is None or rec.modules is None or rec.trace is not None or any(_GLOBAL_HOOKS):
-        if rec is not None and has_lazy(args, kwargs):
-            refuse_uninitialized(module)
+        if rec is not None and not refuse_uninitialized(module, has_lazy(args, kwargs)):
+            return _making_parameters(module, args, kwargs)
         return ORIGINAL_CALL(module, *args, **kwargs)  # global hooks run on every call: op by op
     if args and not kwargs:
         if type(module) is _IDENTITY and len(args) == 1 and not own_hooks(module):
@@ -72,8 +72,17 @@ def _module_call(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
         if found is not MISSED:
             return found
     if not has_lazy(args, kwargs):
+        if not refuse_uninitialized(module, False):
+            return _making_parameters(module, args, kwargs)
         return ORIGINAL_CALL(module, *args, **kwargs)
     return rec.modules.call(module, args, kwargs)
+
+
+def _making_parameters(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The first call of a lazy module on tensors from outside: run as eagerly, the recorder
+    off, so that its parameters are made as tensors, not per-instance constants."""
+    with torch._C.DisableTorchFunction():
+        return ORIGINAL_CALL(module, *args, **kwargs)
 
 
 def install() -> None:

@@ -137,7 +137,7 @@ def validate_sample(self: Any, value: Any) -> Any:
             f"make the distribution with validate_args=False ({type(self).__name__}(..., "
             "validate_args=False))."
         )
-    return ORIGINAL_VALIDATE(self, value)
+    return _BEFORE.get((_DISTRIBUTION, "_validate_sample"), ORIGINAL_VALIDATE)(self, value)
 
 
 _DISTRIBUTION = torch.distributions.Distribution
@@ -162,7 +162,13 @@ def patch(on: bool) -> None:
     in place (``on``), or what was there before (PyTorch's, or a function the user put there)."""
     _FUNCTION.apply = _APPLY if on else ORIGINAL_APPLY  # type: ignore[method-assign]
     _AUTOCAST.__enter__ = autocast_enter if on else ORIGINAL_ENTER  # type: ignore[method-assign]
-    _DISTRIBUTION._validate_sample = validate_sample if on else ORIGINAL_VALIDATE  # type: ignore[method-assign]
+    current = _DISTRIBUTION.__dict__["_validate_sample"]
+    if on and current is not validate_sample:
+        _BEFORE[_DISTRIBUTION, "_validate_sample"] = current  # PyTorch's, or the user's
+        _DISTRIBUTION._validate_sample = validate_sample  # type: ignore[method-assign]
+    elif not on and current is validate_sample:
+        before = _BEFORE.pop((_DISTRIBUTION, "_validate_sample"), ORIGINAL_VALIDATE)
+        _DISTRIBUTION._validate_sample = before  # type: ignore[method-assign]
     for (space, name, original), (_, _, refusing) in zip(_SEEDING, _RESEEDS, strict=True):
         current = getattr(space, name)
         if on and current is not refusing:

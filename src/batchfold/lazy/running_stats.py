@@ -41,6 +41,15 @@ _SYNCS = (
 )
 
 
+_same_version: Any = torch.autograd.grad_mode._unsafe_preserve_version_counter
+
+
+def _memory(t: Tensor) -> int:
+    """Where ``t``'s storage lives (with the recorder's mode off: a getter through it)."""
+    with torch._C.DisableTorchFunction():
+        return t.untyped_storage().data_ptr()
+
+
 @dataclass
 class _Update:
     mean_buffer: Tensor
@@ -71,7 +80,9 @@ class RunningStats:
 
     def __init__(self) -> None:
         self.pending: list[_Update] = []
-        self.buffers: dict[int, str] = {}  # ids of the buffers pending updates move -> op name
+        # the memory of the buffers pending updates move (their storages: a view or a detached
+        # alias of one, state_dict()'s say, reads it too) -> the op's name
+        self.buffers: dict[int, str] = {}
 
     def record(self, rec: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """A normalisation call with running statistics: its output, recorded as described
@@ -116,7 +127,7 @@ class RunningStats:
             what = "value per channel" if name == "batch_norm" else "spatial element"
             raise ValueError(f"Expected more than 1 {what} when training, got input size {shape}")
         momentum = named.get("momentum", 0.1)
-        if not isinstance(momentum, (int, float)):  # as PyTorch's argument parser says it
+        if momentum is None or type(momentum) is Lazy:  # PyTorch's parser takes numbers only
             raise TypeError(
                 f"{name}(): argument 'momentum' must be float, not {type(momentum).__name__}"
             )
@@ -127,8 +138,8 @@ class RunningStats:
         mean = var = None  # no values: eagerly the statistics do not move
         if per_channel:
             mean, var = self._statistics(rec, x, name, len(shape))
-        self.pending.append(_Update(mean_buffer, var_buffer, momentum, mean, var))
-        self.buffers[id(mean_buffer)] = self.buffers[id(var_buffer)] = name
+        self.pending.append(_Update(mean_buffer, var_buffer, float(momentum), mean, var))
+        self.buffers[_memory(mean_buffer)] = self.buffers[_memory(var_buffer)] = name
         return out
 
     @staticmethod
@@ -152,10 +163,10 @@ class RunningStats:
         for t in tensors:
             if type(t) in (list, tuple):  # torch.stack([m.running_mean, ...])
                 self.refuse_use(t, what)
-            elif type(t) is Tensor and id(t) in self.buffers:
+            elif isinstance(t, Tensor) and type(t) is not Lazy and _memory(t) in self.buffers:
                 raise UnsupportedOpError(
                     f"{what} at {user_site()} uses running statistics that a "
-                    f"{self.buffers[id(t)]} call of this batch_map in training mode moves: "
+                    f"{self.buffers[_memory(t)]} call of this batch_map in training mode moves: "
                     "eagerly it sees them moved (or partly moved), but batch_map moves them "
                     "after the batch has run. Use them outside batch_map."
                 )
@@ -168,10 +179,10 @@ class RunningStats:
         for pool in graph.touched:
             sig = graph.signatures[pool]
             for t, _ in sig.shared:
-                if id(t) in self.buffers:
+                if _memory(t) in self.buffers:
                     raise UnsupportedOpError(
                         f"{sig.name} at {sig.site} reads running statistics that a "
-                        f"{self.buffers[id(t)]} call of this batch_map in training mode moves: "
+                        f"{self.buffers[_memory(t)]} call of this batch_map in training mode moves: "
                         "batch_map moves them after the batch has run, so it cannot give "
                         "what eager code reads. Read them outside batch_map."
                     )
@@ -198,7 +209,8 @@ class RunningStats:
                 m = u.momentum
                 for buffer, stat in ((u.mean_buffer, mean), (u.var_buffer, var)):
                     moved = m * stat + (1 - m) * buffer.to(stat.dtype)
-                    buffer.copy_(moved.to(buffer.dtype))
+                    with _same_version(buffer):  # eager's kernel moves them without a bump,
+                        buffer.copy_(moved.to(buffer.dtype))  # so saved tensors stay valid
 
     def lazies(self) -> list[Lazy]:
         """The pending updates' lazy statistics, call by call (mean, then variance)."""

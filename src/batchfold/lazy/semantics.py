@@ -176,29 +176,42 @@ def no_cache(module: torch.nn.Module) -> torch.nn.Module:
 
 
 def index_copies(index: Any) -> bool:
-    """Whether ``x[index]`` is a copy in eager PyTorch (advanced indexing: a list, an array, a
-    Python bool, a tensor of one or more dims, a mask), not a view; anything else counts as a
-    view, which only makes a later write through it refused."""
+    """Whether ``x[index]`` is a copy in eager PyTorch (advanced indexing: a list of numbers,
+    an array or a tensor of one or more dims, a mask, a Python bool), not a view; anything
+    else counts as a view (a 0-d integer array or tensor is one), which at worst makes a
+    later write through it refused."""
     for item in index if type(index) is tuple else (index,):
-        if type(item) in (bool, list) or isinstance(item, np.ndarray):
+        if type(item) is bool:
             return True
+        if type(item) is list:  # of numbers only: one holding a slice or a tensor is a tuple
+            if item and all(isinstance(i, (int, np.integer, np.bool_)) for i in item):
+                return True
+            continue
+        if isinstance(item, np.ndarray):
+            if item.ndim > 0 or item.dtype == np.bool_:
+                return True
+            continue
         tensor = hasattr(item, "dim") and getattr(item, "dtype", None) is not None  # or lazy
         if tensor and (item.dim() > 0 or item.dtype in (torch.bool, torch.uint8)):
             return True
     return False
 
 
-def refuse_uninitialized(module: torch.nn.Module) -> None:
-    """Refuse a lazy module (``nn.LazyLinear``...) whose parameters are not made yet: inside
-    ``batch_map`` they would be made from a per-instance value (PyTorch's own error follows
-    from deep inside otherwise)."""
+def refuse_uninitialized(module: torch.nn.Module, per_instance: bool = True) -> bool:
+    """Whether ``module`` has its parameters; a lazy module (``nn.LazyLinear``...) whose
+    parameters are not made yet is refused if called on per-instance values (``per_instance``):
+    its parameters would be made from one (PyTorch's own error follows from deep inside
+    otherwise). ``False``: a call on tensors from outside, which makes them (see hooks.py)."""
     lazy = cast(Any, module) if isinstance(module, LazyModuleMixin) else None
-    if lazy is not None and lazy.has_uninitialized_params():
+    if lazy is None or not lazy.has_uninitialized_params():
+        return True
+    if per_instance:
         raise UnsupportedOpError(
             f"{type(module).__name__} at {user_site()} has parameters not made yet (a lazy "
             "module): inside batch_map its first call would make them from a per-instance "
             "value. Call it once outside batch_map, on one instance, to make them."
         )
+    return False
 
 
 def own_hooks(module: torch.nn.Module) -> bool:

@@ -296,7 +296,35 @@ def _zero_(self: Lazy) -> Lazy:
     return self._rec.write(self, torch.zeros_like, (self,), {}, "zero_()")
 
 
-_SPECIAL_IN_PLACE = {"copy_": _copy_, "fill_": _fill_, "zero_": _zero_}
+def _random_fill(name: str) -> Callable[..., Any]:
+    """``x.normal_()``, ``x.uniform_(a, b)``...: fresh random numbers of ``x``'s shape, drawn
+    at once by PyTorch's own kernel (the numbers eager code draws at this call), then written
+    into ``x`` (distributions' ``rsample`` fills ``torch.empty(...)`` this way)."""
+
+    def fill(self: Lazy, *args: Any, **kwargs: Any) -> Lazy:
+        if any(type(a) is Lazy for a in (*args, *kwargs.values())):
+            raise self._rec.unsupported_in_place(f"{name}() with per-instance arguments")
+        meta = self._meta
+
+        def random_fill() -> Tensor:  # a random source: a traced call drawing it is not cached
+            with torch._C.DisableTorchFunction():
+                empty = torch.empty(meta.shape, dtype=meta.dtype, device=meta.device)
+                return getattr(empty, name)(*args, **kwargs)
+
+        value = self._rec.sources.make(random_fill, (), {})
+        return self._rec.write(self, torch.Tensor.expand_as, (value, self), {}, f"{name}()")
+
+    fill.__name__ = name
+    return fill
+
+
+_RANDOM_FILLS = ("normal_", "uniform_", "exponential_", "cauchy_", "log_normal_", "geometric_")
+_SPECIAL_IN_PLACE = {
+    "copy_": _copy_,
+    "fill_": _fill_,
+    "zero_": _zero_,
+    **{name: _random_fill(name) for name in _RANDOM_FILLS},
+}
 
 
 def _method(name: str) -> Callable[..., Any]:
