@@ -7,6 +7,7 @@ where eager PyTorch aliases), or a ``requires_grad`` other than eager's.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import types
 from typing import Any
 
@@ -17,6 +18,7 @@ from torch import nn
 
 import batchfold as bf
 from batchfold.errors import UnsupportedOpError
+from batchfold.lazy.semantics import index_copies
 from reference import assert_matches_eager
 
 SCHEDULERS = ["agenda", "depth"]
@@ -381,3 +383,33 @@ def test_indices_that_eagerly_view_are_views(index: Any) -> None:
 
     with pytest.raises(UnsupportedOpError, match="view"):
         bf.batch_map(fn, INSTANCES)
+
+
+@pytest.mark.filterwarnings("ignore:Using a non-tuple sequence for multidimensional indexing")
+def test_no_index_that_views_eagerly_is_taken_for_a_copy() -> None:
+    """Every index of one or two parts from a vocabulary of index kinds: where eager's
+    ``x[index]`` shares ``x``'s memory, ``index_copies`` must not call it a copy (a write
+    through it would then be let through and never reach ``x``)."""
+    x = torch.arange(60.0).view(3, 4, 5)
+    kinds = [0, -1, slice(None), slice(1, 3), None, Ellipsis, True, [0, 1], [True, False, True]]
+    kinds += [[slice(None), 0], [torch.tensor(0)], [[0, 1]], [np.int64(1)], np.int64(1)]
+    kinds += [np.array(1), np.array([0, 1]), np.array(True), torch.tensor(1), torch.tensor([0, 2])]
+    kinds += [
+        torch.tensor(True),
+        torch.tensor(1, dtype=torch.int32),
+        torch.tensor(1, dtype=torch.uint8),
+    ]
+    checked = 0
+    for n in (1, 2):
+        for parts in itertools.product(kinds, repeat=n):
+            index = parts if n > 1 else parts[0]
+            try:
+                y = x[index]
+            except (IndexError, TypeError, RuntimeError, ValueError):
+                continue
+            view = (
+                y.numel() > 0 and y.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+            )
+            assert not (view and index_copies(index)), f"x[{index!r}] views eagerly"
+            checked += 1
+    assert checked > 300
