@@ -48,8 +48,9 @@ register(
 _NORMALISATIONS = {f: inspect.signature(f) for f in (F.batch_norm, F.instance_norm)}
 
 
-def _normalisation_arguments(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """``F.batch_norm``'s or ``F.instance_norm``'s arguments by name, defaults filled in."""
+def normalisation_arguments(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``F.batch_norm``'s or ``F.instance_norm``'s arguments by name, defaults filled in (a
+    ``TypeError`` for arguments that do not bind)."""
     bound = _NORMALISATIONS[func].bind(*args, **kwargs)
     bound.apply_defaults()
     return bound.arguments
@@ -57,7 +58,7 @@ def _normalisation_arguments(func: Any, args: tuple[Any, ...], kwargs: dict[str,
 
 def batched_batch_norm(sig: Signature, inputs: list[Tensor], n: int) -> Any:
     """``[n, N, C, *rest]``: the instances' channels side by side, ``[N, n * C, *rest]``."""
-    named = _normalisation_arguments(F.batch_norm, *sig.template)
+    named = normalisation_arguments(F.batch_norm, *sig.template)
     x, weight, bias = inputs[0], named["weight"], named["bias"]
     channels = x.shape[2]
     wide = x.transpose(0, 1).reshape(x.shape[1], n * channels, *x.shape[3:])
@@ -69,7 +70,7 @@ def batched_batch_norm(sig: Signature, inputs: list[Tensor], n: int) -> Any:
 
 def batched_instance_norm(sig: Signature, inputs: list[Tensor], n: int) -> Any:
     """``[n, N, C, *rest]``: the instances' samples one after the other, ``[n * N, C, *rest]``."""
-    named = _normalisation_arguments(F.instance_norm, *sig.template)
+    named = normalisation_arguments(F.instance_norm, *sig.template)
     x, weight, bias, eps = inputs[0], named["weight"], named["bias"], named["eps"]
     out = F.instance_norm(x.reshape(-1, *x.shape[2:]), None, None, weight, bias, True, 0.0, eps)
     return out.reshape(x.shape)
@@ -80,7 +81,7 @@ def _own_statistics(func: Any, training: str) -> Any:
         """The input per instance, of 2 or more dims; no running statistics; training; a
         shared weight and bias (or none)."""
         try:
-            named = _normalisation_arguments(func, args, kwargs)
+            named = normalisation_arguments(func, args, kwargs)
         except TypeError:
             return False
         return (

@@ -16,7 +16,6 @@ it would see them moved, or partly moved. If the function raises, the buffers do
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -24,16 +23,15 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import UnsupportedOpError
+from ..ops_matrix import normalisation_arguments
 from .sites import user_site
 from .tensor import Lazy
 
 Tensor = torch.Tensor
-_F_FORMS = {F.batch_norm: F.batch_norm, F.instance_norm: F.instance_norm}
 _C_FORMS = {torch.batch_norm: F.batch_norm, torch.instance_norm: F.instance_norm}
-NORMALISATIONS = frozenset((*_F_FORMS, *_C_FORMS))
+NORMALISATIONS = frozenset((F.batch_norm, F.instance_norm, *_C_FORMS))
 # torch.batch_norm's and torch.instance_norm's arguments, by F.batch_norm's names
 _C_NAMES = ("input", "weight", "bias", "running_mean", "running_var", "training", "momentum", "eps")
-_SIGNATURES = {f: inspect.signature(f) for f in _F_FORMS}
 _REDUCED = (torch.float16, torch.bfloat16)  # eager's statistics: in float32 for these, else float64
 _SYNCS = (
     "instances then record in turns, not in eager order, and the statistics would move in "
@@ -64,12 +62,9 @@ def _bind(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any
     if func in _C_FORMS:
         named: dict[str, Any] = dict(zip(_C_NAMES, args, strict=False))
         named.update(kwargs)
-        if "use_input_stats" in named:
-            named["training"] = named.pop("use_input_stats")
-        return _C_FORMS[func], named
-    bound = _SIGNATURES[func].bind(*args, **kwargs)
-    bound.apply_defaults()
-    named = dict(bound.arguments)
+        func = _C_FORMS[func]
+    else:
+        named = dict(normalisation_arguments(func, args, kwargs))
     if "use_input_stats" in named:
         named["training"] = named.pop("use_input_stats")
     return func, named
