@@ -602,3 +602,34 @@ def test_in_place_random_fills_draw_eagers_numbers() -> None:
         torch.testing.assert_close(g, w)
     (grad,) = torch.autograd.grad(torch.stack(got).sum(), head.weight)
     assert grad.abs().sum() > 0  # the sample is differentiable in mu, as eagerly
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_a_value_overwritten_in_place_keeps_requiring_grad(scheduler: str) -> None:
+    """``h.copy_(src)`` or ``h.normal_()`` over a value that requires grad: eagerly the result
+    still requires grad (its history gets a zero gradient); batch_map gave a value that did
+    not, so a loss on it alone could not be differentiated."""
+    layer = nn.Linear(3, 3)
+    source = torch.ones(3)
+
+    def fn(x: list[float]) -> Any:
+        h, g = layer(torch.tensor(x)), layer(torch.tensor(x) * 2)
+        h.copy_(source)  # from outside
+        g.copy_(torch.tensor(x).float() * 3)  # from a value that needs no grad
+        return h, g
+
+    assert_matches_eager(fn, [[1.0, 2.0, 3.0], [0.0, -1.0, 0.5]], layer, scheduler)  # type: ignore[arg-type]
+
+    def drawn(x: torch.Tensor) -> torch.Tensor:
+        h = layer(torch.as_tensor(x))
+        return h.normal_() + layer(torch.as_tensor(x))
+
+    xs = [torch.randn(3) for _ in range(2)]
+    torch.manual_seed(1)
+    want = [drawn(x) for x in xs]
+    torch.manual_seed(1)
+    got = bf.batch_map(drawn, xs)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+    alone = bf.batch_map(lambda x: layer(torch.as_tensor(x)).normal_(), xs)
+    assert all(t.requires_grad for t in alone)  # as layer(x).normal_() eagerly

@@ -282,8 +282,22 @@ def _in_place(name: str, out_of_place: Any) -> Callable[..., Any]:
     return in_place
 
 
+def _overwrite(self: Lazy, value: Any, what: str) -> Lazy:
+    """Write ``value`` over all of ``self`` (``copy_``, a random fill). Eagerly the result
+    requires grad where ``self`` did (its history gets a zero gradient): for a floating-point
+    ``self`` the new value is ``torch.where(False, self, value)``, which keeps that."""
+    rec = self._rec
+    dtype = self._meta.dtype
+    if not (dtype.is_floating_point or dtype.is_complex):
+        return rec.write(self, torch.Tensor.expand_as, (value, self), {}, what)
+    if isinstance(value, (Lazy, Tensor)) and value.dtype != dtype:
+        value = rec.call(Tensor.to, (value, dtype), {})  # as copy_ casts; where would promote
+    keep = rec.call(torch.zeros_like, (self,), {"dtype": torch.bool})
+    return rec.write(self, torch.where, (keep, self, value), {}, what)
+
+
 def _copy_(self: Lazy, src: Any, non_blocking: bool = False) -> Lazy:
-    return self._rec.write(self, torch.Tensor.expand_as, (src, self), {}, "copy_()")
+    return _overwrite(self, src, "copy_()")
 
 
 def _fill_(self: Lazy, value: Any) -> Lazy:
@@ -311,8 +325,7 @@ def _random_fill(name: str) -> Callable[..., Any]:
                 empty = torch.empty(meta.shape, dtype=meta.dtype, device=meta.device)
                 return getattr(empty, name)(*args, **kwargs)
 
-        value = self._rec.sources.make(random_fill, (), {})
-        return self._rec.write(self, torch.Tensor.expand_as, (value, self), {}, f"{name}()")
+        return _overwrite(self, self._rec.sources.make(random_fill, (), {}), f"{name}()")
 
     fill.__name__ = name
     return fill
