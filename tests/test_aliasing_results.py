@@ -6,6 +6,7 @@ where eager PyTorch aliases), or a ``requires_grad`` other than eager's.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 import types
@@ -18,7 +19,7 @@ from torch import nn
 
 import batchfold as bf
 from batchfold.errors import UnsupportedOpError
-from batchfold.lazy.semantics import index_copies
+from batchfold.lazy.writes import index_copies
 from reference import assert_matches_eager
 
 SCHEDULERS = ["agenda", "depth"]
@@ -413,3 +414,36 @@ def test_no_index_that_views_eagerly_is_taken_for_a_copy() -> None:
             assert not (view and index_copies(index)), f"x[{index!r}] views eagerly"
             checked += 1
     assert checked > 300
+
+
+def test_a_module_returning_a_bf_function_view_of_an_argument_is_not_cached() -> None:
+    """A ``bf.function`` whose code returns a view of an argument marks its output a view of
+    every argument; a module returning it was cached all the same, so a later write into the
+    argument did not reach the returned value (8.0 off). Now such a module is traced every
+    call and the write is refused, as for the same module without ``bf.function``."""
+    pick = bf.function(lambda a, b: b.view(2, 2))
+
+    class Picks(nn.Module):
+        def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return pick(a * 2, b)
+
+    module = Picks()
+
+    def fn(x: list[float]) -> Any:
+        b = torch.tensor(x)
+        for k in range(2):
+            module(torch.tensor(x), b + k)
+        out = module(torch.tensor(x), b)
+        b.mul_(3)  # eagerly out sees it
+        return out
+
+    with pytest.raises(UnsupportedOpError, match="view"):
+        bf.batch_map(fn, [[1.0, 2.0, 3.0, 4.0], [0.5, 1.0, 1.5, 2.0]])
+
+
+def test_a_shallow_copy_of_a_value_that_requires_grad_is_refused() -> None:
+    """Eagerly the copy is a new leaf cut from the history: no gradient reaches the layer
+    (batch_map returned the value itself, and gradients reached it)."""
+    layer = nn.Linear(3, 3)
+    with pytest.raises(UnsupportedOpError, match=r"copy.copy at .* requires grad"):
+        bf.batch_map(lambda x: copy.copy(layer(torch.tensor(x))), INSTANCES)

@@ -284,3 +284,11 @@ def test_a_users_own_validate_sample_comes_back_after_the_run() -> None:
         assert dist.__dict__["_validate_sample"] is mine
     finally:
         dist._validate_sample = before  # type: ignore[method-assign]
+
+
+def test_the_function_form_of_detach_in_place_is_refused_too() -> None:
+    """``torch.detach_(h)`` was recorded as a write that kept h's history (the method form
+    was refused): results required grad and gradients reached the layer, as eagerly not."""
+    layer = nn.Linear(3, 3)
+    with pytest.raises(UnsupportedOpError, match="detach_ of a lazy tensor"):
+        bf.batch_map(lambda x: torch.detach_(layer(torch.as_tensor(x))), [torch.randn(3)])

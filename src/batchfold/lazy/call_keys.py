@@ -9,19 +9,18 @@ builds the same parts for the commonest calls on its fast path.
 from __future__ import annotations
 
 import enum
-import types
 from typing import Any
 
 import torch
 
 from ..errors import LAZY_AFTER_RUN, LazyValueError
+from .semantics import CODE_TYPES
 from .sites import version
 from .tensor import Lazy
 
 Tensor = torch.Tensor
 _mode_active = torch._C._is_torch_function_mode_enabled
 _PLAIN = frozenset((type(None), str, int, float, bool))  # keyword values keyed as they are
-_CODE = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type)
 _IMMUTABLE = frozenset(
     [type(None), str, bytes, complex, torch.dtype, torch.device, torch.Size, torch.layout]
 )
@@ -102,7 +101,7 @@ class CallKeys:
             return (slice, obj.start, obj.stop, obj.step)
         if kind not in _IMMUTABLE and not isinstance(obj, enum.Enum):
             self.by_identity = True  # an object that may change, or be another at that id
-            if not isinstance(obj, _CODE) and kind.__hash__ in (None, object.__hash__):
+            if not isinstance(obj, CODE_TYPES) and kind.__hash__ in (None, object.__hash__):
                 self.mutable_object = True  # keyed by identity: its attributes may change
         try:
             hash(obj)

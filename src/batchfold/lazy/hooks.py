@@ -39,7 +39,8 @@ from .lazy_trees import has_lazy
 from .macros import MISSED
 from .module_state import ACTIVE, SET_AT, module_setattr
 from .ragged_macros import ORIGINAL_CALL
-from .semantics import own_hooks, refuse_uninitialized
+from .refusals import refuse_uninitialized
+from .semantics import own_hooks
 
 __all__ = ["install", "uninstall"]
 

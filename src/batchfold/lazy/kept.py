@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import enum
 import threading
-import types
 import weakref
 from typing import Any
 
@@ -35,18 +34,13 @@ import torch
 from torch import nn
 
 from . import graphs
-from .semantics import is_random, own_hooks, run_context
+from .semantics import CODE_TYPES, is_random, own_hooks, run_context
 
 Tensor = torch.Tensor
 MAX_KEPT = 256
 _PLAIN = frozenset([int, float, bool, str, bytes, complex, type(None)])
 _BY_VALUE = frozenset([torch.dtype, torch.device, torch.Size, torch.layout, torch.memory_format])
-_BY_IDENTITY = (
-    types.FunctionType,
-    types.BuiltinFunctionType,
-    types.MethodType,
-    type,
-)
+_BY_IDENTITY = CODE_TYPES
 # a module's own bookkeeping: parameters, buffers and submodules are compared apart, hooks
 # make a module unkeepable, state-dict hooks do not change its calls
 _SKIP = frozenset(

@@ -37,7 +37,8 @@ from .ragged_keys import (
     takes_sequences,
 )
 from .ragged_macros import ORIGINAL_CALL, RaggedMacro, RaggedTemplate, call_ragged
-from .semantics import NO_CACHE, grad_mode, own_hooks, refuse_uninitialized
+from .refusals import refuse_uninitialized
+from .semantics import NO_CACHE, grad_mode, own_hooks
 from .sites import user_site
 from .tensor import Lazy
 from .traces import Template, Trace, attribute_state, changed_attribute
@@ -277,7 +278,7 @@ class ModuleCache:
         if trace.aliased:
             return result  # recorded op by op; the next call with separate values traces
         self.note_reads(entry, trace)
-        found = trace.finish(result, self.rec.store.fallbacks)
+        found = trace.finish(result, self.rec.store.fallbacks, self.rec.graph.views)
         name = type(module).__name__
         if isinstance(found, str):
             entry.reason = found

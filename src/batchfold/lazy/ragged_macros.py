@@ -103,7 +103,7 @@ def call_ragged(
     if trace.aliased:  # see Trace.aliased
         return result
     cache.note_reads(entry, trace)
-    found: Any = trace.finish(result, cache.rec.store.fallbacks)
+    found: Any = trace.finish(result, cache.rec.store.fallbacks, cache.rec.graph.views)
     if not isinstance(found, str):
         found = RETURNS_ARGUMENT if found.handed_back else ragged_template(found, flags, lengths)
     if isinstance(found, str):

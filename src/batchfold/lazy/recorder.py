@@ -33,7 +33,7 @@ from .lazy_trees import has_lazy, map_lazies
 from .lengths import plain_lengths
 from .macros import ModuleCache
 from .running_stats import NORMALISATIONS, RunningStats
-from .semantics import META_QUERIES, VIEW_NAMES, index_copies
+from .semantics import META_QUERIES, VIEW_NAMES
 from .shared_calls import READ, SharedCalls
 from .signatures import SignatureMaker
 from .sites import func_name, user_site, version
@@ -41,7 +41,7 @@ from .sources import FACTORIES, SourceMaker
 from .sync import Driver
 from .tensor import Lazy
 from .traces import Trace
-from .writes import InPlaceWrites
+from .writes import InPlaceWrites, index_copies
 
 Tensor = torch.Tensor
 _grad_enabled = torch.is_grad_enabled

@@ -15,9 +15,10 @@ the recorder does not look into (a named tuple given to ``torch.cat``). Each rai
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
+from torch.nn.modules.lazy import LazyModuleMixin
 from torch.utils._pytree import tree_leaves
 
 from ..errors import UnsupportedOpError
@@ -45,6 +46,7 @@ _ATTRIBUTES = {
     "gradient comes back to it",
 }
 _PROPERTIES = frozenset(["grad", "grad_fn", "is_leaf", "data"])
+REFUSED = _ATTRIBUTES  # what each refused attribute says (writes.py: torch.detach_(x) too)
 
 
 def _refused(name: str, hint: str) -> Callable[..., Any]:
@@ -59,6 +61,23 @@ def _refused(name: str, hint: str) -> Callable[..., Any]:
 for _name, _hint in _ATTRIBUTES.items():
     _made = _refused(_name, _hint)
     setattr(Lazy, _name, property(_made) if _name in _PROPERTIES else _made)
+
+
+def refuse_uninitialized(module: torch.nn.Module, per_instance: bool = True) -> bool:
+    """Whether ``module`` has its parameters; a lazy module (``nn.LazyLinear``...) whose
+    parameters are not made yet is refused if called on per-instance values (``per_instance``):
+    its parameters would be made from one (PyTorch's own error follows from deep inside
+    otherwise). ``False``: a call on tensors from outside, which makes them (see hooks.py)."""
+    lazy = cast(Any, module) if isinstance(module, LazyModuleMixin) else None
+    if lazy is None or not lazy.has_uninitialized_params():
+        return True
+    if per_instance:
+        raise UnsupportedOpError(
+            f"{type(module).__name__} at {user_site()} has parameters not made yet (a lazy "
+            "module): inside batch_map its first call would make them from a per-instance "
+            "value. Call it once outside batch_map, on one instance, to make them."
+        )
+    return False
 
 
 def refuse_hidden(func: Any, args: Any, kwargs: Any) -> Any:

@@ -9,17 +9,15 @@ every node runs under the grad mode it was recorded in.
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.nn.modules.lazy import LazyModuleMixin
 
 from ..errors import UnsupportedOpError
 from ..signature import INHERITS_GRAD, NEEDS_GRAD, NO_GRAD
-from .sites import user_site
 
 # Calls whose result may share memory with their first argument in eager PyTorch
 # (a superset: an op listed here that copies only makes a later write refused, never wrong).
@@ -175,45 +173,6 @@ def no_cache(module: torch.nn.Module) -> torch.nn.Module:
     return module
 
 
-def index_copies(index: Any) -> bool:
-    """Whether ``x[index]`` is a copy in eager PyTorch (advanced indexing: a list of numbers,
-    an array or a tensor of one or more dims, a mask, a Python bool), not a view; anything
-    else counts as a view (a 0-d integer array or tensor is one), which at worst makes a
-    later write through it refused."""
-    for item in index if type(index) is tuple else (index,):
-        if type(item) is bool:
-            return True
-        if type(item) is list:  # of numbers only: one holding a slice or a tensor is a tuple
-            if item and all(isinstance(i, (int, np.integer, np.bool_)) for i in item):
-                return True
-            continue
-        if isinstance(item, np.ndarray):
-            if item.ndim > 0 or item.dtype == np.bool_:
-                return True
-            continue
-        tensor = hasattr(item, "dim") and getattr(item, "dtype", None) is not None  # or lazy
-        if tensor and (item.dim() > 0 or item.dtype in (torch.bool, torch.uint8)):
-            return True
-    return False
-
-
-def refuse_uninitialized(module: torch.nn.Module, per_instance: bool = True) -> bool:
-    """Whether ``module`` has its parameters; a lazy module (``nn.LazyLinear``...) whose
-    parameters are not made yet is refused if called on per-instance values (``per_instance``):
-    its parameters would be made from one (PyTorch's own error follows from deep inside
-    otherwise). ``False``: a call on tensors from outside, which makes them (see hooks.py)."""
-    lazy = cast(Any, module) if isinstance(module, LazyModuleMixin) else None
-    if lazy is None or not lazy.has_uninitialized_params():
-        return True
-    if per_instance:
-        raise UnsupportedOpError(
-            f"{type(module).__name__} at {user_site()} has parameters not made yet (a lazy "
-            "module): inside batch_map its first call would make them from a per-instance "
-            "value. Call it once outside batch_map, on one instance, to make them."
-        )
-    return False
-
-
 def own_hooks(module: torch.nn.Module) -> bool:
     """Whether ``module`` itself has forward or backward hooks (or pre-hooks)."""
     return bool(
@@ -363,6 +322,9 @@ def refuse_unrecordable(
             "Python numbers."
         )
 
+
+# code objects: keys and module state hold them by identity (call_keys.py, kept.py)
+CODE_TYPES = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type)
 
 # calls that only ask about a value's dtype, rank or size (nn.MultiheadAttention asks
 # torch.is_floating_point(mask)): answered from the lazy value's shape and dtype at once

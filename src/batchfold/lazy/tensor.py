@@ -17,9 +17,11 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch.utils._pytree import tree_leaves
 
+from ..errors import UnsupportedOpError
 from ..graph import TensorMeta
 from .lengths import TracedShape, traced_size
 from .semantics import AUGMENTED, NOT_RECORDED
+from .sites import user_site
 
 if TYPE_CHECKING:
     from .recorder import Recorder
@@ -93,7 +95,16 @@ class Lazy:
 
     def __copy__(self) -> Lazy:
         """``copy.copy``: eagerly another tensor object on the same memory, so a write through
-        either shows in both; here the value itself (the one thing that differs: ``is``)."""
+        either shows in both; here the value itself (the one thing that differs: ``is``).
+        Refused for a value that requires grad: eagerly its copy is a new leaf, cut from the
+        history (no gradient reaches what made it), which a value inside cannot be."""
+        if self.requires_grad:
+            raise UnsupportedOpError(
+                f"copy.copy at {user_site()} of a lazy value that requires grad: eagerly the copy "
+                "is a new leaf, "
+                "cut from the value's history, which a value inside batch_map cannot be. Use "
+                "x.detach() for a value without the history, or x itself."
+            )
         return self
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Lazy:

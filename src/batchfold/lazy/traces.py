@@ -17,9 +17,10 @@ import torch
 from ..graph import Signature
 from ..signature import INHERITS_GRAD, NO_GRAD
 from ..step_calls import Fallbacks, run_op, sources_batch
+from .function import BatchedFunction
 from .lazy_trees import flatten_lazies
 from .lengths import FIXED, ROWS, SQUARE, Guard, class_of, rows_flag
-from .semantics import VIEW_NAMES, VIEWS_OF_EVERY_ARGUMENT, base_name
+from .semantics import VIEWS_OF_EVERY_ARGUMENT, base_name
 from .sites import version
 from .tensor import Lazy
 
@@ -86,8 +87,9 @@ class Trace:
         if self.reason is None:
             self.reason = reason
 
-    def finish(self, result: Any, fallbacks: Fallbacks) -> Template | str:
-        """The template of the traced call, or the reason it cannot be cached."""
+    def finish(self, result: Any, fallbacks: Fallbacks, view_sigs: set[int]) -> Template | str:
+        """The template of the traced call, or the reason it cannot be cached (``view_sigs``:
+        the graph's signatures whose outputs may be views)."""
         if self.reason is not None:
             return self.reason
         outs: list[Lazy] = []
@@ -108,7 +110,7 @@ class Trace:
         if not ops and all(where.get(out._vid, (1,))[0] == 0 for out in outs):
             # nothing recorded, arguments handed back (nn.Identity): the same objects again
             return Template([], [where[out._vid] for out in outs], structure, fallbacks)
-        views = _views_of_arguments(ops)
+        views = _views_of_arguments(ops, view_sigs)
         handed_back = []  # (position among the returned values, argument): the same object
         for position, out in enumerate(outs):
             ref = where.get(out._vid)
@@ -128,14 +130,19 @@ class Trace:
         return Template(ops, refs, structure, fallbacks, tuple(handed_back))
 
 
-def _views_of_arguments(ops: list[tuple[Signature, tuple[Any, ...], Any]]) -> set[int]:
-    """The ops whose outputs may view an argument of the call: a view op of an argument, of
-    any of them for some (``einsum``), or of another such op's output (``b.t()[0]``)."""
+def _views_of_arguments(
+    ops: list[tuple[Signature, tuple[Any, ...], Any]], view_sigs: set[int]
+) -> set[int]:
+    """The ops whose outputs may view an argument of the call: an op the recorder marks as a
+    view (``view_sigs``, the graph's: view ops, a ``bf.function`` that shares memory) of an
+    argument, of any of them for some (``einsum``, a ``bf.function``), or of another such op's
+    output (``b.t()[0]``)."""
     views: set[int] = set()
     for j, (sig, ins, _) in enumerate(ops):
-        name = base_name(sig.func)
-        if name in VIEW_NAMES:
-            reads = ins if name in VIEWS_OF_EVERY_ARGUMENT else ins[:1]
+        if sig.id in view_sigs:
+            name = base_name(sig.func)
+            every = name in VIEWS_OF_EVERY_ARGUMENT or type(sig.func) is BatchedFunction
+            reads = ins if every else ins[:1]
             if any(ref[0] == 0 or ref[1] in views for ref in reads):
                 views.add(j)
     return views

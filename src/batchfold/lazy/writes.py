@@ -13,12 +13,14 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from ..errors import LAZY_AFTER_RUN, DtypeError, LazyValueError, ShapeError, UnsupportedOpError
 from .function import BatchedFunction
 from .inference import template
 from .lazy_trees import has_lazy
+from .refusals import REFUSED
 from .semantics import VIEW_NAMES, VIEWS_OF_EVERY_ARGUMENT, base_name, in_place_form
 from .sites import func_name, user_site
 from .tensor import Lazy
@@ -191,6 +193,8 @@ class InPlaceWrites:
                 f"{name} at {user_site()} writes per-instance values into a tensor from "
                 "outside batch_map; compute a new tensor instead, e.g. y = x + v"
             )
+        if name == "detach_":  # torch.detach_(x): x.detach_() is refused on Lazy itself
+            raise UnsupportedOpError(f"detach_ of a lazy tensor at {user_site()}: {REFUSED[name]}.")
         if not form:
             raise self.unsupported_in_place(name)
         return self.write(target, form, args, kwargs, f"{name}()")
@@ -224,3 +228,25 @@ class InPlaceWrites:
             if isinstance(target, torch.Tensor):
                 self._shared.written(target, func)
         return func(*args, **kwargs)
+
+
+def index_copies(index: Any) -> bool:
+    """Whether ``x[index]`` is a copy in eager PyTorch (advanced indexing: a list of numbers,
+    an array or a tensor of one or more dims, a mask, a Python bool), not a view; anything
+    else counts as a view (a 0-d integer array or tensor is one), which at worst makes a
+    later write through it refused."""
+    for item in index if type(index) is tuple else (index,):
+        if type(item) is bool:
+            return True
+        if type(item) is list:  # of numbers only: one holding a slice or a tensor is a tuple
+            if item and all(isinstance(i, (int, np.integer, np.bool_)) for i in item):
+                return True
+            continue
+        if isinstance(item, np.ndarray):
+            if item.ndim > 0 or item.dtype == np.bool_:
+                return True
+            continue
+        tensor = hasattr(item, "dim") and getattr(item, "dtype", None) is not None  # or lazy
+        if tensor and (item.dim() > 0 or item.dtype in (torch.bool, torch.uint8)):
+            return True
+    return False
