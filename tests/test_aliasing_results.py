@@ -447,3 +447,20 @@ def test_a_shallow_copy_of_a_value_that_requires_grad_is_refused() -> None:
     layer = nn.Linear(3, 3)
     with pytest.raises(UnsupportedOpError, match=r"copy.copy at .* requires grad"):
         bf.batch_map(lambda x: copy.copy(layer(torch.tensor(x))), INSTANCES)
+
+
+def test_a_call_that_gets_one_value_twice_says_why_it_is_not_cached() -> None:
+    """``bil(h, h)`` is recorded op by op on every call (see Trace.aliased); the statistics
+    said nothing of it."""
+    bil = nn.Bilinear(3, 3, 2)
+
+    def fn(x: list[float]) -> torch.Tensor:
+        h = torch.tensor(x)
+        return bil(h, h)
+
+    _, stats = bf.batch_map(fn, INSTANCES, return_stats=True)
+    assert stats.module_calls_cached == 0
+    assert stats.module_misses == {
+        "Bilinear: gets one value at two argument positions (recorded op by op; see "
+        "Trace.aliased)": len(INSTANCES)
+    }

@@ -36,7 +36,7 @@ from .ragged_keys import (
     ragged_key,
     takes_sequences,
 )
-from .ragged_macros import ORIGINAL_CALL, RaggedMacro, RaggedTemplate, call_ragged
+from .ragged_macros import ALIASED, ORIGINAL_CALL, RaggedMacro, RaggedTemplate, call_ragged
 from .refusals import refuse_uninitialized
 from .semantics import NO_CACHE, grad_mode, own_hooks
 from .sites import user_site
@@ -275,8 +275,9 @@ class ModuleCache:
         inputs: list[int],
     ) -> Any:
         trace, result = self.trace_call(module, args, kwargs, inputs)
-        if trace.aliased:
-            return result  # recorded op by op; the next call with separate values traces
+        if trace.aliased:  # recorded op by op; the next call with separate values traces
+            self.misses[f"{type(module).__name__}: {ALIASED}"] += 1
+            return result
         self.note_reads(entry, trace)
         found = trace.finish(result, self.rec.store.fallbacks, self.rec.graph.views)
         name = type(module).__name__

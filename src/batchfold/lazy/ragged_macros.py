@@ -101,6 +101,7 @@ def call_ragged(
         return ORIGINAL_CALL(module, *args, **kwargs)
     trace, result = cache.trace_call(module, args, kwargs, inputs, lengths, flags)
     if trace.aliased:  # see Trace.aliased
+        cache.misses[f"{name}: {ALIASED}"] += 1
         return result
     cache.note_reads(entry, trace)
     found: Any = trace.finish(result, cache.rec.store.fallbacks, cache.rec.graph.views)
@@ -121,6 +122,7 @@ def call_ragged(
     return result
 
 
+ALIASED = "gets one value at two argument positions (recorded op by op; see Trace.aliased)"
 EMPTY = "takes a sequence of 0 rows, and no confirmed trace that gives eager's result for it"
 RETURNS_ARGUMENT = "returns one of its arguments (a call on sequences)"
 
