@@ -67,3 +67,41 @@ def test_a_module_changed_between_calls_is_traced_again(change: str, scheduler: 
     got = bf.batch_map(calls(module), inputs, scheduler=scheduler)
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("log_max", [2, 1 << 16])
+def test_a_change_is_seen_whether_or_not_the_log_of_sets_reaches_back(
+    monkeypatch: pytest.MonkeyPatch, log_max: int
+) -> None:
+    """Entries are checked for the modules set since the cache last looked (a log of sets);
+    where the log has started again since, every entry is checked."""
+    from batchfold.lazy import module_state
+
+    monkeypatch.setattr(module_state, "_LOG_MAX", log_max)
+    other = nn.Linear(1, 1)
+
+    def calls(module: _Scaled) -> Callable[[list[float]], Any]:
+        def fn(x: list[float]) -> Any:
+            t = torch.tensor(x)
+            _ = module(t), module(t * 2)
+            for k in range(5):  # sets of another module: the log fills and starts again
+                other.tag = k
+            module.scale = 5.0
+            other.tag = -1
+            return module(t * 3)
+
+        return fn
+
+    inputs = [[1.0, -2.0, 0.5], [0.0, 1.0, 2.0]]
+    want = []
+    for x in inputs:
+        torch.manual_seed(0)
+        module = _Scaled()
+        module.drop.p = 0.0
+        want.append(calls(module)(x))
+    torch.manual_seed(0)
+    module = _Scaled()
+    module.drop.p = 0.0
+    got = bf.batch_map(calls(module), inputs)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10)

@@ -37,7 +37,7 @@ from . import dispatch
 from .context import THREAD
 from .lazy_trees import has_lazy
 from .macros import MISSED
-from .module_state import ACTIVE, SET_AT, module_setattr
+from .module_state import ACTIVE, forget_sets, module_setattr
 from .ragged_macros import ORIGINAL_CALL
 from .refusals import refuse_uninitialized
 from .semantics import own_hooks
@@ -111,7 +111,7 @@ def uninstall() -> None:
         ACTIVE[0] -= 1
         if _INSTALLED[0] == 0:
             nn.Module._call_impl = ORIGINAL_CALL  # type: ignore[method-assign]
-            SET_AT.clear()
+            forget_sets()
             dispatch.patch(False)
             if _STANCE:
                 _STANCE.pop().__exit__(None, None, None)  # the stance before install

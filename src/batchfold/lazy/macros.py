@@ -26,7 +26,7 @@ from .inference import template
 from .kept import keep, kept
 from .lazy_trees import build
 from .lengths import Guard, plain_result
-from .module_state import EPOCH, Watch
+from .module_state import EPOCH, Watch, Watchers
 from .ragged_keys import (
     BY_SHAPE,
     SEQUENCE,
@@ -71,7 +71,7 @@ class _Entry:
         "watch",
     )
 
-    def __init__(self, module: nn.Module) -> None:
+    def __init__(self, module: nn.Module, watch: Watch) -> None:
         self.module = module  # kept alive: the key holds its id
         self.template: Template | None = None
         self.confirmed = False
@@ -91,7 +91,7 @@ class _Entry:
         # tensors from outside whose attributes its traces read; None if they read a value
         # into Python or the key holds an object by identity (never kept then: see kept.py)
         self.read: list[torch.Tensor] | None = []
-        self.watch: Watch | None = None  # its modules' attribute sets (see module_state)
+        self.watch = watch  # its modules' attribute sets (see module_state)
 
 
 class ModuleCache:
@@ -104,6 +104,7 @@ class ModuleCache:
         self.traced = 0
         self.misses: Counter[str] = Counter()
         self.epoch = EPOCH[0]  # module attribute sets seen (see module_state)
+        self.watchers = Watchers()
 
     def release(self) -> None:
         """Drop the entries; a ragged macro's member signatures refer back to it, so its
@@ -112,6 +113,7 @@ class ModuleCache:
             if entry.macro is not None and not entry.macro.keep:  # kept: see KeptMacro
                 entry.macro.members.clear()
         self.entries = {}
+        self.watchers = Watchers()
 
     def hit(self, module: nn.Module, args: tuple[Any, ...]) -> Any:
         """The common call, on its own fast path: lazy positional arguments only and a
@@ -203,17 +205,17 @@ class ModuleCache:
     def drop_changed(self) -> None:
         """Drop the entries one of whose modules had an attribute set since the entry was
         made: their next calls are traced with the modules as they are now."""
-        self.epoch = EPOCH[0]
-        for key, entry in list(self.entries.items()):
-            if entry.reason is None and entry.watch is not None and entry.watch.changed():
+        since, self.epoch = self.epoch, EPOCH[0]
+        for key in self.watchers.suspects(self.entries, since):
+            entry = self.entries.get(key)
+            if entry is not None and entry.reason is None and entry.watch.changed():
                 del self.entries[key]
 
     def entry_for(self, key: Any, module: nn.Module) -> _Entry:
         """The cache entry of ``key``, made (switched off where the module asks) if new."""
         entry = self.entries.get(key)
         if entry is None:
-            entry = self.entries[key] = _Entry(module)
-            entry.watch = Watch(module)
+            entry = self.entries[key] = _Entry(module, self.watchers.watch(key, module))
             if self.rec.by_identity:
                 entry.read = None
             if getattr(module, NO_CACHE, False):

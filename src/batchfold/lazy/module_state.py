@@ -23,6 +23,10 @@ EPOCH = [0]
 SET_AT: dict[int, int] = {}
 """``id(module)`` -> the :data:`EPOCH` of its last attribute set."""
 
+_LOG: list[int] = []  # ids of the modules set, in order: _LOG[k] at EPOCH _LOG_START[0] + k + 1
+_LOG_START = [0]
+_LOG_MAX = 1 << 16  # then the log starts again, and a cache behind it checks every entry
+
 ORIGINAL_SETATTR = nn.Module.__setattr__
 
 
@@ -38,7 +42,25 @@ def module_setattr(module: nn.Module, name: str, value: Any) -> None:
     if ACTIVE[0]:
         EPOCH[0] += 1
         SET_AT[id(module)] = EPOCH[0]
+        if len(_LOG) >= _LOG_MAX:
+            _LOG.clear()
+            _LOG_START[0] = EPOCH[0] - 1
+        _LOG.append(id(module))
     ORIGINAL_SETATTR(module, name, value)
+
+
+def _set_since(epoch: int) -> set[int] | None:
+    """The ids of the modules that had an attribute set after :data:`EPOCH` ``epoch``, or
+    ``None`` where the log no longer reaches back that far."""
+    start = epoch - _LOG_START[0]
+    return None if start < 0 else set(_LOG[start:])
+
+
+def forget_sets() -> None:
+    """Forget every set noted (the last ``batch_map`` has stopped recording)."""
+    SET_AT.clear()
+    _LOG.clear()
+    _LOG_START[0] = EPOCH[0]
 
 
 class Watch:
@@ -55,3 +77,29 @@ class Watch:
         """Whether one of the modules had an attribute set since the entry was made."""
         since = self.since
         return any(SET_AT.get(m, 0) > since for m in self.members)
+
+
+class Watchers:
+    """Which entries of a module cache watch which modules (keys by ``id(module)``), so that a
+    set is checked against the entries watching its module alone: a module that sets an
+    attribute on every call would otherwise cost a check of every entry per call."""
+
+    def __init__(self) -> None:
+        self.keys: dict[int, set[Any]] = {}
+
+    def watch(self, key: Any, module: nn.Module) -> Watch:
+        """The :class:`Watch` of a new entry ``key`` of ``module``'s calls."""
+        watch = Watch(module)
+        keys = self.keys
+        for m in watch.members:
+            keys.setdefault(m, set()).add(key)
+        return watch
+
+    def suspects(self, entries: dict[Any, Any], since: int) -> Any:
+        """The keys among ``entries`` watching a module set after :data:`EPOCH` ``since``
+        (every key where the log of sets no longer reaches back that far)."""
+        changed = _set_since(since)
+        if changed is None:
+            return list(entries)
+        keys = self.keys
+        return {key for m in changed for key in keys.get(m, ())}
