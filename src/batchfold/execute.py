@@ -72,16 +72,31 @@ class Executor:
             numbers = self._numbers[key] = self.outputs[step][v & OUT_MASK].tolist()
         return numbers[row]
 
-    def values(self, vids: list[int]) -> list[Tensor]:
-        """The tensors of many computed values: one gather per step output, then unbound."""
+    def values(self, vids: list[int], fresh: bool = False) -> list[Tensor]:
+        """The tensors of many computed values: one gather per step output, then unbound.
+
+        With ``fresh``, each value that requires grad is a tensor of its own, not a view
+        (``batch_map``'s results): autograd refuses writes into the views ``unbind`` makes,
+        and a write into any view of a step output changes a tensor that autograd may have
+        saved for the other rows' gradients."""
         result: list[Tensor | None] = [None] * len(vids)
         for group, tensor, offsets, rows, key in self._by_output(np.asarray(vids, dtype=np.int64)):
+            copy = fresh and tensor.requires_grad
             if offsets is None:
-                pieces = self._in_order(tensor, rows).unbind(0)
+                rows_in_order = self._in_order(tensor, rows)
+                if copy:  # the _copy ops are typed as maybe None (their out= form)
+                    pieces = cast(tuple[Tensor, ...], torch.unbind_copy(rows_in_order))
+                else:
+                    pieces = rows_in_order.unbind(0)
             else:
                 starts, ends = offsets[rows], offsets[rows + 1]
                 index = torch.from_numpy(expand_rows(starts, ends - starts)).to(tensor.device)
-                pieces = tensor.index_select(0, index).split((ends - starts).tolist())
+                sizes = (ends - starts).tolist()
+                gathered = tensor.index_select(0, index)
+                if copy:
+                    pieces = cast(tuple[Tensor, ...], torch.split_with_sizes_copy(gathered, sizes))
+                else:
+                    pieces = gathered.split(sizes)
                 if key in self.square:
                     pieces = tuple(map(_square, pieces))
             for position, value in zip(group.tolist(), pieces, strict=True):

@@ -313,7 +313,7 @@ class CompiledModel(nn.Module):
         store.run(schedule(graph, "depth"))  # one input: depth-based is as good and cheaper
         ids: list[int] = []
         map_tensors(out, self.out_type, lambda v, t: ids.append(v))
-        values = iter(store.values(ids) if ids else [])
+        values = iter(store.values(ids, fresh=True) if ids else [])
         result = map_tensors(out, self.out_type, lambda v, t: next(values))
         if not self._metric_types:
             return result

@@ -378,18 +378,22 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
         Values are gathered with one ``index_select`` per step output and then unbound, so
         returning many values stays cheap in the backward pass too. A value that eager PyTorch
         would give ``requires_grad=False`` (see ``Signature.grad_rule``) comes detached, also
-        when its step ran rows that require grad.
+        when its step ran rows that require grad. Each result can be written in place as an
+        eager one can (see ``Executor.values``); one value returned twice (``return h, h``)
+        is one tensor, as eagerly.
         """
         vids: list[int] = []
         map_lazies(lambda x: vids.append(x._vid), result)
         if not vids:
             return result
         free = self.graph.grad_free  # values eager gives requires_grad=False: so do these
+        unique = list(dict.fromkeys(vids))
         # as in flush: a value keeps the history it was made with; the mode is off for the
         # getters (t.requires_grad)
         with torch._C.DisableTorchFunction(), torch.enable_grad():
             self._check_instance_memory()  # changed after the last run: values read before
-            tensors = self.store.values(vids)
-            pairs = zip(vids, tensors, strict=True)
-            values = iter([t.detach() if t.requires_grad and v in free else t for v, t in pairs])
+            tensors = self.store.values(unique, fresh=True)
+            pairs = zip(unique, tensors, strict=True)
+            of = {v: t.detach() if t.requires_grad and v in free else t for v, t in pairs}
+        values = iter([of[v] for v in vids])
         return map_lazies(lambda _: next(values), result)  # the same walk, in the same order

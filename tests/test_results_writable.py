@@ -1,0 +1,104 @@
+"""``batch_map``'s results are tensors a caller can write in place, as eager results are: a
+write into one result changes it alone, and the gradients are eager's. Results that required
+grad were views ``unbind`` made of the batched outputs, which autograd refuses to see written
+in place (a crash where the eager code runs), and a write would have reached the batch's other
+rows. One value returned twice comes back as one tensor, as eagerly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import batchfold as bf
+from batchfold.schedule import Scheduler
+
+pytestmark = pytest.mark.usefixtures("float64")
+
+LENGTHS = [3, 1, 4, 3, 2]  # ragged: rows of several lengths, two of the same
+
+
+def _instances() -> list[list[list[float]]]:
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(n, 4, generator=g).tolist() for n in LENGTHS]
+
+
+def _functions(layer: nn.Linear) -> dict[str, Callable[[Any], Any]]:
+    def rows(x: Any) -> Any:
+        return torch.tanh(layer(torch.tensor(x))) * 2.0  # a result no op saved for backward
+
+    return {
+        "rows": rows,  # ragged: packed rows
+        "a row": lambda x: rows(x)[0],  # one shape: rows of a batched step
+        "a number": lambda x: rows(x).sum(),
+        "a tuple": lambda x: (rows(x)[-1], len(x)),
+    }
+
+
+def _writes() -> dict[str, Callable[[torch.Tensor], object]]:
+    return {
+        "add_": lambda t: t.add_(1.0),
+        "mul_": lambda t: t.mul_(3.0),
+        "item assignment": lambda t: t.__setitem__(..., 0.5),
+    }
+
+
+def _run(fn: str, write: Callable[[torch.Tensor], object], batched: bool, **kw: Any) -> Any:
+    torch.manual_seed(0)
+    layer = nn.Linear(4, 4)
+    f = _functions(layer)[fn]
+    xs = _instances()
+    results = bf.batch_map(f, xs, **kw) if batched else [f(x) for x in xs]
+    tensors = [r[0] if isinstance(r, tuple) else r for r in results]
+    write(tensors[1])  # one instance's result, written after batch_map returned
+    loss = torch.stack([(t * (i + 1)).sum() for i, t in enumerate(tensors)]).sum()
+    loss.backward()
+    return [t.detach() for t in tensors], [p.grad for p in layer.parameters()]
+
+
+@pytest.mark.parametrize("write", list(_writes()))
+@pytest.mark.parametrize("fn", ["rows", "a row", "a number", "a tuple"])
+@pytest.mark.parametrize("scheduler", ["agenda", "depth"])
+def test_a_result_written_in_place_changes_it_alone_as_eagerly(
+    fn: str, write: str, scheduler: Scheduler
+) -> None:
+    do = _writes()[write]
+    want, want_grads = _run(fn, do, batched=False)
+    got, got_grads = _run(fn, do, batched=True, scheduler=scheduler)
+    for g, w in zip(got + got_grads, want + want_grads, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10)
+
+
+def test_a_value_returned_twice_is_one_tensor() -> None:
+    layer = nn.Linear(4, 4)
+
+    def twice(x: Any) -> Any:
+        h = layer(torch.tensor(x))
+        return h, h, h.sum()
+
+    for mode in (torch.enable_grad, torch.no_grad):
+        with mode():
+            results = bf.batch_map(twice, _instances())
+        for h, again, total in results:
+            assert h is again
+            h.add_(1.0)  # eagerly, again is h: it changes too
+            torch.testing.assert_close(again, h)
+            assert total.data_ptr() != h.data_ptr()
+
+
+def test_a_compiled_block_evaluated_on_one_input_gives_writable_results() -> None:
+    from batchfold.blocks import Function, Map, Scalar, compile
+
+    layer = nn.Linear(1, 2)
+    model = compile(Map(Scalar(torch.float64) >> Function(lambda x: layer(x[:, None]))))
+    out = model.evaluate([1.0, 2.0])
+    out[0].add_(1.0)
+    sum(t.sum() for t in out).backward()  # type: ignore[union-attr]
+    want = [layer(torch.tensor([x])) for x in (1.0, 2.0)]
+    torch.testing.assert_close(out[0], want[0] + 1.0)
+    torch.testing.assert_close(out[1], want[1])
+    torch.testing.assert_close(layer.weight.grad, torch.tensor([[3.0], [3.0]]))
