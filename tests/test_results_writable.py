@@ -102,3 +102,39 @@ def test_a_compiled_block_evaluated_on_one_input_gives_writable_results() -> Non
     torch.testing.assert_close(out[0], want[0] + 1.0)
     torch.testing.assert_close(out[1], want[1])
     torch.testing.assert_close(layer.weight.grad, torch.tensor([[3.0], [3.0]]))
+
+
+@pytest.mark.parametrize("kind", ["tensor", "tensor requiring grad", "array"])
+def test_a_result_that_is_an_instances_own_tensor_eagerly_is_that_tensor(kind: str) -> None:
+    import numpy as np
+
+    layer = nn.Linear(3, 2)
+
+    def make() -> list[Any]:
+        g = torch.Generator().manual_seed(0)
+        xs = [torch.randn(3, generator=g) for _ in range(3)]
+        if kind == "array":
+            return [x.numpy() for x in xs]
+        return [x.requires_grad_(kind == "tensor requiring grad") for x in xs]
+
+    def fn(x: Any) -> Any:
+        t = torch.as_tensor(x)  # no conversion: eagerly x's memory, or x itself
+        return t, layer(t)
+
+    runs = []
+    for batched in (False, True):
+        xs = make()
+        results = bf.batch_map(fn, xs) if batched else [fn(x) for x in xs]
+        for x, (t, _) in zip(xs, results, strict=True):
+            assert t is x if isinstance(x, torch.Tensor) else np.shares_memory(t.numpy(), x)
+        loss = torch.stack([(t * 3).sum() + out.sum() for t, out in results]).sum()
+        if kind == "tensor requiring grad":  # x's gradient: from t itself and from the layer
+            loss.backward()
+        else:
+            results[0][0].mul_(2.0)  # eagerly, x itself doubles
+        runs.append(
+            [torch.as_tensor(x).detach().clone() for x in xs]
+            + [x.grad for x in xs if isinstance(x, torch.Tensor) and x.grad is not None]
+        )
+    for g, w in zip(runs[1], runs[0], strict=True):
+        torch.testing.assert_close(g, w)

@@ -267,7 +267,7 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
             graphs.give_back(self.graph, self._context)
         self.graph, self.store, self.modules, self.trace = Graph(), Executor(), None, None
         self._shared, self._views_of, self._meta_cache = SharedCalls(), {}, {}
-        self.sources.watched, self.sources.arrays = [], []  # watched for the whole run
+        self.sources.watched, self.sources.arrays, self.sources.eager = [], [], {}  # whole run
 
     # -- running -------------------------------------------------------------------------------
 
@@ -380,7 +380,8 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
         would give ``requires_grad=False`` (see ``Signature.grad_rule``) comes detached, also
         when its step ran rows that require grad. Each result can be written in place as an
         eager one can (see ``Executor.values``); one value returned twice (``return h, h``)
-        is one tensor, as eagerly.
+        is one tensor, as eagerly, and one that eagerly is an instance's own tensor
+        (``torch.as_tensor(x)`` without a copy) is that tensor.
         """
         vids: list[int] = []
         map_lazies(lambda x: vids.append(x._vid), result)
@@ -392,8 +393,8 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
         # getters (t.requires_grad)
         with torch._C.DisableTorchFunction(), torch.enable_grad():
             self._check_instance_memory()  # changed after the last run: values read before
-            tensors = self.store.values(unique, fresh=True)
-            pairs = zip(unique, tensors, strict=True)
+            pairs = zip(unique, self.store.values(unique, fresh=True), strict=True)
             of = {v: t.detach() if t.requires_grad and v in free else t for v, t in pairs}
+        of.update((v, self.sources.eager[v]) for v in self.sources.eager.keys() & of.keys())
         values = iter([of[v] for v in vids])
         return map_lazies(lambda _: next(values), result)  # the same walk, in the same order

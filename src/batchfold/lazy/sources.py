@@ -102,6 +102,7 @@ class SourceMaker:
         self.instance_memory: set[int] = set()
         self.watched: list[tuple[Tensor, int]] = []  # such tensors, with their versions
         self.arrays: list[tuple[np.ndarray, Tensor]] = []  # such NumPy arrays, with copies
+        self.eager: dict[int, Tensor] = {}  # such values' eager tensors: results give them back
 
     def operand(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """``x - c`` whose number ``c`` has differed between calls: ``c`` as a source node.
@@ -250,6 +251,7 @@ class SourceMaker:
             return value
         data = args[0] if args else None
         own = _same_memory(value, data) if func in _SHARING else False
+        eager = value
         if own and isinstance(data, np.ndarray):  # eager shares the array's memory, which has
             value = value.clone()  # no version: a copy now, compared at every run (recorder.py)
             self.arrays.append((data, value))
@@ -258,6 +260,7 @@ class SourceMaker:
         vid = rec.graph.add(sig, (), rec.instance, value)
         if own:
             self.instance_memory.add(vid)
+            self.eager[vid] = eager
             if value is data:  # read when the batch runs: watched till batch_map ends
                 self.watched.append((value, version(value)))
         if value.requires_grad:  # torch.zeros(3, requires_grad=True): stacked, it keeps its grad
