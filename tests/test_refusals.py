@@ -292,3 +292,19 @@ def test_the_function_form_of_detach_in_place_is_refused_too() -> None:
     layer = nn.Linear(3, 3)
     with pytest.raises(UnsupportedOpError, match="detach_ of a lazy tensor"):
         bf.batch_map(lambda x: torch.detach_(layer(torch.as_tensor(x))), [torch.randn(3)])
+
+
+def test_embedding_scaling_gradients_by_frequency_is_refused_where_it_would_train() -> None:
+    """The counts are per call: batched, the lookups of every instance are one call, so the
+    gradients would follow the batch (silently, before the refusal). Without gradients the
+    option changes nothing, and the lookups batch."""
+    table = nn.Embedding(10, 3, scale_grad_by_freq=True)
+    words = [[1, 2, 2], [2, 5], [1]]
+    with pytest.raises(bf.UnsupportedOpError, match="scale_grad_by_freq divides"):
+        bf.batch_map(lambda w: table(torch.tensor(w)), words)
+    with pytest.raises(bf.UnsupportedOpError, match="scale_grad_by_freq divides"):
+        bf.batch_map(lambda w: table(torch.tensor(w[0])), words)  # a module cached per word
+    with torch.no_grad():
+        got = bf.batch_map(lambda w: table(torch.tensor(w)), words)
+        for w, g in zip(words, got, strict=True):
+            torch.testing.assert_close(g, table(torch.tensor(w)))

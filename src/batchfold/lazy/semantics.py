@@ -286,8 +286,9 @@ def refuse_unrecordable(
     site: str,
 ) -> None:
     """Raise a clear error for a call that batch_map cannot record: its output shape would
-    depend on per-instance values, or it writes into a shared tensor on every call (an
-    embedding with ``max_norm``)."""
+    depend on per-instance values, it writes into a shared tensor on every call (an
+    embedding with ``max_norm``), or its gradient depends on which lookups share the call
+    (``scale_grad_by_freq``)."""
     if func is torch.autograd.grad or func is torch.autograd.backward:
         raise UnsupportedOpError(
             f"{name} at {site} on lazy tensors: gradients are computed after batch_map has "
@@ -301,6 +302,15 @@ def refuse_unrecordable(
                 "place on every lookup; batch_map would run all lookups at once, so it cannot "
                 "be recorded. Renormalise the table outside the function, or leave max_norm "
                 "unset."
+            )
+        by_freq = args[5] if len(args) > 5 else kwargs.get("scale_grad_by_freq", False)
+        weight = args[1] if len(args) > 1 else kwargs.get("weight")
+        if by_freq and torch.is_grad_enabled() and getattr(weight, "requires_grad", False):
+            raise UnsupportedOpError(
+                f"{name} at {site} with scale_grad_by_freq divides each row's gradient by how "
+                "often its index occurs in that call; batch_map runs the lookups of every "
+                "instance as one call, so the counts (and the gradients) would be the batch's. "
+                "Leave scale_grad_by_freq unset inside batch_map (in no_grad it has no effect)."
             )
     fix = _VALUE_SHAPED.get(base_name(func))
     if fix is None and base_name(func) == "repeat_interleave":
