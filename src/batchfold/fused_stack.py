@@ -12,7 +12,6 @@ and the stacked tensor is a view of it: the same rows, in two calls.
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import nullcontext
 
 import numpy as np
 import torch
@@ -63,9 +62,7 @@ def fused_stack(
         else:
             order.append(gather.order + j * n)
             identity = False
-    mode = sig.grad
-    same = mode is None or mode == torch.is_grad_enabled()
-    with nullcontext() if same else torch.set_grad_enabled(bool(mode)):
+    with sig.grad_mode():
         rows = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
         if not identity:
             index = torch.from_numpy(np.concatenate(order)).to(rows.device, non_blocking=True)

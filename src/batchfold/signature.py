@@ -8,6 +8,7 @@ one signature's nodes waiting to run. :mod:`batchfold.graph` records nodes with 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, ClassVar
 
 import torch
@@ -162,6 +163,14 @@ class Signature:
         ``None`` leaves the rule as it is."""
         if out_grad is not None:
             self.grad_rule, self.out_grad = MIXED_GRAD, out_grad
+
+    def grad_mode(self) -> AbstractContextManager[Any]:
+        """The grad mode the nodes were recorded in, to run their step under (a no-op where
+        it is the mode already, or was not recorded)."""
+        mode = self.grad
+        if mode is None or mode == torch.is_grad_enabled():
+            return nullcontext()
+        return torch.set_grad_enabled(bool(mode))
 
     def __repr__(self) -> str:
         ins = ", ".join(map(repr, self.in_metas))

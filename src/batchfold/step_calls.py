@@ -8,7 +8,6 @@ module traces (:mod:`batchfold.lazy.traces`) replay their ops through them too.
 from __future__ import annotations
 
 from collections import Counter
-from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
@@ -61,10 +60,7 @@ def run_op(
     runs once per instance from then on; both are counted in ``fallbacks``. Outputs are
     checked against the recorded shapes and dtypes.
     """
-    mode = sig.grad
-    if mode is None or mode == torch.is_grad_enabled():
-        return _call_rule(sig, inputs, n, fallbacks)
-    with torch.set_grad_enabled(bool(mode)):
+    with sig.grad_mode():
         return _call_rule(sig, inputs, n, fallbacks)
 
 
@@ -72,9 +68,8 @@ def run_ragged(
     sig: Signature, inputs: list[Tensor], sizes: dict[int, np.ndarray], lengths: np.ndarray
 ) -> tuple[Tensor, ...]:
     """One packed call of a ragged step (see :mod:`batchfold.ragged`), its outputs checked."""
-    mode = sig.grad
     try:
-        with nullcontext() if mode is None else torch.set_grad_enabled(bool(mode)):
+        with sig.grad_mode():
             outs = run_family(sig, inputs, lengths, sizes)
     except Exception as error:  # an index out of range in the rows, say: where, at least
         if "device-side assert" not in str(error):  # CUDA's: maybe an earlier op's
