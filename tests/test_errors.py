@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from typing import Any
 
 import pytest
 import torch
@@ -187,3 +188,21 @@ def test_an_index_out_of_range_in_a_packed_step_names_the_line() -> None:
     with pytest.raises(IndexError, match="index out of range") as caught:
         bf.batch_map(fn, [[1, 2], [3, 9, 1], [0, 4]])
     assert f"test_errors.py:{line}" in "\n".join(getattr(caught.value, "__notes__", []))
+
+
+def test_a_lazy_value_in_an_attribute_of_a_returned_object_is_refused() -> None:
+    """It would come back lazy, and fail later at its first use, far from the cause."""
+
+    class Box:
+        def __init__(self, h: Any) -> None:
+            self.h, self.n = h, 3
+
+    layer = torch.nn.Linear(3, 3)
+    with pytest.raises(
+        bf.UnsupportedOpError, match="returned a Box holding a lazy value in its attribute 'h'"
+    ):
+        bf.batch_map(lambda x: Box(layer(torch.tensor(x))), [[1.0, 2.0, 3.0]])
+    (box, out), _ = bf.batch_map(
+        lambda x: (Box(None), layer(torch.tensor(x))), [[1.0, 2.0, 3.0]] * 2
+    )
+    assert isinstance(out, torch.Tensor) and box.n == 3  # objects without lazy values pass

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 from torch.utils._pytree import tree_map
 
+from ..errors import UnsupportedOpError
 from .tensor import Lazy
 
 _LEAVES = frozenset([int, float, bool, complex, str, bytes, type(None), torch.Size])
@@ -61,21 +62,37 @@ def _build(structure: Any, outs: Any) -> Any:
     return kind(_build(p, outs) for p in parts)
 
 
-def map_lazies(fn: Any, obj: Any) -> Any:
+def map_lazies(fn: Any, obj: Any, results: bool = False) -> Any:
     """``obj`` with ``fn`` applied to each lazy value in it: plain lists, tuples, dicts and
-    dataclasses walked here (the common results, fast), other containers by ``tree_map``."""
+    dataclasses walked here (the common results, fast), other containers by ``tree_map``.
+    With ``results`` (``batch_map``'s), a lazy value in an attribute of an object neither
+    walks is refused: it would come back lazy, unusable."""
     kind = type(obj)
     if kind is Lazy:
         return fn(obj)
     if kind is list or kind is tuple:
-        return kind([map_lazies(fn, x) for x in obj])
+        return kind([map_lazies(fn, x, results) for x in obj])
     if kind is dict:
-        return {k: map_lazies(fn, v) for k, v in obj.items()}
+        return {k: map_lazies(fn, v, results) for k, v in obj.items()}
     if kind in _LEAVES or isinstance(obj, Tensor):
         return obj  # tree_map leaves a cycle to collect on every call (a recursive helper)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):  # not walked by tree_map
         new = copy.copy(obj)
         for field in dataclasses.fields(obj):  # frozen ones too, as their __init__ sets them
-            object.__setattr__(new, field.name, map_lazies(fn, getattr(obj, field.name)))
+            value = map_lazies(fn, getattr(obj, field.name), results)
+            object.__setattr__(new, field.name, value)
         return new
+    if results:
+        tree_map(_refuse_hidden, obj)
     return tree_map(lambda x: fn(x) if type(x) is Lazy else x, obj)
+
+
+def _refuse_hidden(leaf: Any) -> None:
+    for name, value in getattr(leaf, "__dict__", {}).items():
+        if type(value) is Lazy:
+            raise UnsupportedOpError(
+                f"the function given to batch_map returned a {type(leaf).__name__} holding a "
+                f"lazy value in its attribute {name!r}; batch_map replaces lazy values by "
+                "their tensors in lists, tuples, dicts, named tuples and dataclasses only. "
+                "Return the tensors in one of those (or make the class a dataclass)."
+            )

@@ -384,7 +384,7 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
         (``torch.as_tensor(x)`` without a copy) is that tensor.
         """
         vids: list[int] = []
-        map_lazies(lambda x: vids.append(x._vid), result)
+        map_lazies(lambda x: vids.append(x._vid), result, results=True)
         if not vids:
             return result
         free = self.graph.grad_free  # values eager gives requires_grad=False: so do these
