@@ -69,6 +69,10 @@ def test_a_module_changed_between_calls_is_traced_again(change: str, scheduler: 
         torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10)
 
 
+class _Tagged(nn.Module):
+    tag: int = 0
+
+
 @pytest.mark.parametrize("log_max", [2, 1 << 16])
 def test_a_change_is_seen_whether_or_not_the_log_of_sets_reaches_back(
     monkeypatch: pytest.MonkeyPatch, log_max: int
@@ -78,7 +82,7 @@ def test_a_change_is_seen_whether_or_not_the_log_of_sets_reaches_back(
     from batchfold.lazy import module_state
 
     monkeypatch.setattr(module_state, "_LOG_MAX", log_max)
-    other = nn.Linear(1, 1)
+    other = _Tagged()
 
     def calls(module: _Scaled) -> Callable[[list[float]], Any]:
         def fn(x: list[float]) -> Any:
@@ -105,3 +109,36 @@ def test_a_change_is_seen_whether_or_not_the_log_of_sets_reaches_back(
     got = bf.batch_map(calls(module), inputs)
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("scheduler", ["agenda", "depth"])
+def test_functional_call_with_other_parameters_per_call_is_seen(scheduler: Scheduler) -> None:
+    """``torch.func.functional_call`` swaps parameters by writing into the module's dicts, not
+    through ``__setattr__``: the cache once replayed the first call's parameters for every
+    call (silently)."""
+    from torch.func import functional_call
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 3), nn.Tanh(), nn.Linear(3, 2))
+    sets = [{k: torch.randn_like(v) for k, v in model.named_parameters()} for _ in range(2)]
+
+    def fn(item: tuple[list[float], int]) -> Any:
+        x, i = item
+        h = torch.tensor(x)
+        return (
+            functional_call(model, sets[i], (h,)),
+            model(h),
+            functional_call(model, sets[1 - i], (h,)),
+        )
+
+    items = [
+        ([1.0, 2.0, 3.0], 0),
+        ([0.5, -1.0, 2.0], 1),
+        ([2.0, 0.0, 1.0], 0),
+        ([1.0, 1.0, 1.0], 1),
+    ]
+    want = [fn(item) for item in items]
+    got = bf.batch_map(fn, items, scheduler=scheduler)
+    for g, w in zip(got, want, strict=True):
+        for a, b in zip(g, w, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)

@@ -308,3 +308,46 @@ def test_embedding_scaling_gradients_by_frequency_is_refused_where_it_would_trai
         got = bf.batch_map(lambda w: table(torch.tensor(w)), words)
         for w, g in zip(words, got, strict=True):
             torch.testing.assert_close(g, table(torch.tensor(w)))
+
+
+def _changes_through_data() -> dict[str, Callable[[nn.Linear], Any]]:
+    ones = torch.ones(3, 3)
+    return {
+        "data assigned": lambda layer: setattr(layer.weight, "data", ones.clone()),
+        "data written": lambda layer: layer.weight.data.mul_(3.0),
+        "data item assigned": lambda layer: layer.weight.data.__setitem__(0, 1.0),
+        "data copied into": lambda layer: layer.weight.data.copy_(ones),
+    }
+
+
+@pytest.mark.parametrize("change", list(_changes_through_data()))
+def test_a_shared_tensor_changed_through_data_while_its_readers_wait_is_refused(
+    change: str,
+) -> None:
+    """``t.data = x`` and writes through ``t.data`` leave ``t``'s version as it was, so the
+    calls recorded before the change ran later on the new values (silently)."""
+    torch.manual_seed(0)
+    layer = nn.Linear(3, 3)
+    write = _changes_through_data()[change]  # its tensors made outside: shared
+
+    def fn(x: list[float]) -> Any:
+        h = torch.tensor(x)
+        before = layer(h)
+        write(layer)
+        return before, layer(h)
+
+    with pytest.raises(UnsupportedOpError, match="was changed in place before batch_map ran"):
+        bf.batch_map(fn, [[1.0, 2.0, 3.0], [0.5, -1.0, 2.0]])
+
+
+def test_reading_a_shared_tensors_data_batches_as_the_tensor() -> None:
+    layer = nn.Linear(3, 3)
+
+    def fn(x: list[float]) -> Any:
+        return torch.tanh(torch.tensor(x) @ layer.weight.data.T)
+
+    xs = [[1.0, 2.0, 3.0], [0.5, -1.0, 2.0], [0.0, 1.0, 1.0]]
+    got, stats = bf.batch_map(fn, xs, return_stats=True)
+    assert stats.steps <= 3 and not got[0].requires_grad  # one matmul for every instance
+    for x, g in zip(xs, got, strict=True):
+        torch.testing.assert_close(g, fn(x))

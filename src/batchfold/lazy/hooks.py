@@ -37,7 +37,7 @@ from . import dispatch
 from .context import THREAD
 from .lazy_trees import has_lazy
 from .macros import MISSED
-from .module_state import ACTIVE, forget_sets, module_setattr
+from .module_state import ACTIVE, forget_sets, module_setattr, note_member_swaps
 from .ragged_macros import ORIGINAL_CALL
 from .refusals import refuse_uninitialized
 from .semantics import own_hooks
@@ -99,6 +99,7 @@ def install() -> None:
         nn.Module._call_impl = _module_call  # type: ignore[method-assign]
         if nn.Module.__setattr__ is not module_setattr:  # once a process (module_state.py)
             nn.Module.__setattr__ = module_setattr  # type: ignore[method-assign]
+            note_member_swaps()
         ACTIVE[0] += 1
         dispatch.patch(True)
 

@@ -13,8 +13,10 @@ modules ``bf.no_cache``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+import torch.nn.utils._named_member_accessor as _accessor
 from torch import nn
 
 EPOCH = [0]
@@ -40,13 +42,37 @@ def module_setattr(module: nn.Module, name: str, value: Any) -> None:
     replacing a method of ``nn.Module`` updates a slot of every subclass, about 0.15 ms
     each way, and slows attribute lookups after it, too much for every call."""
     if ACTIVE[0]:
-        EPOCH[0] += 1
-        SET_AT[id(module)] = EPOCH[0]
-        if len(_LOG) >= _LOG_MAX:
-            _LOG.clear()
-            _LOG_START[0] = EPOCH[0] - 1
-        _LOG.append(id(module))
+        _note(module)
     ORIGINAL_SETATTR(module, name, value)
+
+
+def _note(module: nn.Module) -> None:
+    EPOCH[0] += 1
+    SET_AT[id(module)] = EPOCH[0]
+    if len(_LOG) >= _LOG_MAX:
+        _LOG.clear()
+        _LOG_START[0] = EPOCH[0] - 1
+    _LOG.append(id(module))
+
+
+def _noting(swap: Callable[..., Any]) -> Callable[..., Any]:
+    def noted(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if ACTIVE[0]:
+            _note(module)
+        return swap(module, *args, **kwargs)
+
+    noted.__wrapped__ = swap  # type: ignore[attr-defined]
+    return noted
+
+
+def note_member_swaps() -> None:
+    """Note the parameters, buffers and submodules that ``torch.func.functional_call`` (and
+    the rest of ``torch.nn.utils._named_member_accessor``) swap by writing into a module's
+    dicts, without ``__setattr__``: once a process, as :func:`module_setattr`."""
+    for name in ("set_tensor", "swap_tensor", "swap_submodule"):
+        swap = getattr(_accessor, name, None)
+        if swap is not None and not hasattr(swap, "__wrapped__"):
+            setattr(_accessor, name, _noting(swap))
 
 
 def _set_since(epoch: int) -> set[int] | None:

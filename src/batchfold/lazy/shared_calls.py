@@ -23,6 +23,7 @@ from .semantics import is_random
 from .sites import func_name, user_site
 
 Tensor = torch.Tensor
+_DATA = torch._C.TensorBase.__dict__["data"]  # the getset descriptor of ``t.data``
 READ = "read"
 WRITES = "makes a random or in-place call on shared tensors"
 UNHASHABLE = "calls a function on shared tensors with unhashable arguments"
@@ -43,6 +44,8 @@ class SharedCalls:
         cannot be cached, :data:`READ` (it read a value into Python) or ``""``.
         """
         name = getattr(func, "__name__", "")
+        if getattr(func, "__self__", None) is _DATA:  # t.data: see _data
+            return self._data(func, name, args, key)
         in_place = (name[-1:] == "_" and name[:1] != "_") or name in ("__set__", "__setitem__")
         if in_place or is_random(func):
             if in_place and args and isinstance(args[0], Tensor):
@@ -63,6 +66,27 @@ class SharedCalls:
         key_of, count = self.handed[id(result)]
         self.handed[id(result)] = (key_of, count + 1)
         return result, ""
+
+    def _data(self, func: Any, name: str, args: tuple[Any, ...], key: Any) -> tuple[Any, str]:
+        """``t.data`` and ``t.data = x`` of a shared tensor. Eagerly ``t.data`` is ``t``'s
+        memory without its version counter, and ``t.data = x`` swaps the memory without a
+        bump, so a write either way would reach the ops recorded before it unseen (they run
+        later, on the new values) and leave stale results in the memo: here ``t.data`` is
+        ``t.detach()``, whose writes count as ``t``'s, and the swap bumps ``t``'s counter."""
+        tensor = args[0]
+        with torch._C.DisableTorchFunction():
+            if name == "__get__":
+                hit = self.memo.get(key)
+                if hit is None:
+                    hit = self.memo[key] = (tensor.detach(), args, {})
+                    self.handed[id(hit[0])] = (key, 0)
+                key_of, count = self.handed[id(hit[0])]
+                self.handed[id(hit[0])] = (key_of, count + 1)
+                return hit[0], ""
+            self.written(tensor, func)
+            func(*args)
+            torch.autograd.graph.increment_version(tensor)
+        return None, WRITES
 
     def written(self, target: Tensor, func: Any) -> None:
         """``target`` is about to be written in place: if it is (or views) a memoised result,
