@@ -142,3 +142,51 @@ def test_functional_call_with_other_parameters_per_call_is_seen(scheduler: Sched
     for g, w in zip(got, want, strict=True):
         for a, b in zip(g, w, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+class _Buffered(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.register_buffer("shift", torch.zeros(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) + self.shift
+
+
+def _registrations() -> dict[str, Callable[[_Buffered], Any]]:
+    shift, bias, lin = torch.full((3,), 3.0), nn.Parameter(torch.full((3,), 5.0)), nn.Linear(3, 3)
+    nn.init.constant_(lin.weight, 0.5)  # not the weights the module's own layer starts with
+    return {
+        "register_buffer": lambda m: m.register_buffer("shift", shift),
+        "register_parameter": lambda m: m.lin.register_parameter("bias", bias),
+        "add_module": lambda m: m.add_module("lin", lin),
+        "register_module": lambda m: m.register_module("lin", lin),
+        "del": lambda m: (delattr(m, "shift"), m.register_buffer("shift", shift)),
+    }
+
+
+@pytest.mark.parametrize("change", list(_registrations()))
+def test_a_member_registered_between_calls_is_seen(change: str) -> None:
+    """``register_buffer``, ``register_parameter``, ``add_module`` and ``del`` write into the
+    module's dicts without ``__setattr__``: cached calls once kept the old member."""
+    changes = _registrations()  # the same tensors for both runs
+
+    def fn(item: tuple[list[float], bool], module: _Buffered) -> Any:
+        x, change_it = item
+        t = torch.tensor(x)
+        before = module(t), module(t * 2)
+        if change_it:
+            changes[change](module)
+        return (*before, module(t * 3))
+
+    items = [([1.0, 2.0, 3.0], False), ([0.5, -1.0, 2.0], True), ([2.0, 0.0, 1.0], False)]
+    torch.manual_seed(0)
+    module = _Buffered()
+    want = [fn(item, module) for item in items]
+    torch.manual_seed(0)
+    module = _Buffered()
+    got = bf.batch_map(lambda item: fn(item, module), items)
+    for g, w in zip(got, want, strict=True):
+        for a, b in zip(g, w, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)

@@ -4,7 +4,8 @@ module changed between calls are traced again.
 A cached call does not run the module's Python, so it uses the attributes the module had when
 its entry was made (``self.scale``, a submodule, a parameter, ``training`` of a submodule).
 While the hooks are in place, ``nn.Module.__setattr__`` notes the module it sets an attribute
-of and the count of such sets (:data:`EPOCH`); a module cache that sees the count move drops
+of and the count of such sets (:data:`EPOCH`), and so do the ways that write into a module's
+dicts without it (:func:`note_member_swaps`); a module cache that sees the count move drops
 the entries one of whose modules had an attribute set since the entry was made (set to an
 equal value too: its next calls are traced again, no more). A change inside a list or dict
 attribute, made without setting an attribute, is not seen (the README says to mark such
@@ -62,17 +63,26 @@ def _noting(swap: Callable[..., Any]) -> Callable[..., Any]:
         return swap(module, *args, **kwargs)
 
     noted.__wrapped__ = swap  # type: ignore[attr-defined]
+    noted.noting = True  # type: ignore[attr-defined]
     return noted
 
 
 def note_member_swaps() -> None:
-    """Note the parameters, buffers and submodules that ``torch.func.functional_call`` (and
-    the rest of ``torch.nn.utils._named_member_accessor``) swap by writing into a module's
-    dicts, without ``__setattr__``: once a process, as :func:`module_setattr`."""
-    for name in ("set_tensor", "swap_tensor", "swap_submodule"):
-        swap = getattr(_accessor, name, None)
-        if swap is not None and not hasattr(swap, "__wrapped__"):
-            setattr(_accessor, name, _noting(swap))
+    """Note the modules whose parameters, buffers and submodules change without
+    ``__setattr__``: ``register_buffer``, ``register_parameter``, ``add_module`` and
+    ``del`` write into a module's dicts, and so do the swaps of ``torch.func.functional_call``
+    (``torch.nn.utils._named_member_accessor``). Once a process, as :func:`module_setattr`."""
+    for owner, names in _SWAPS:
+        for name in names:
+            swap = getattr(owner, name, None)
+            if swap is not None and not getattr(swap, "noting", False):
+                setattr(owner, name, _noting(swap))
+
+
+_SWAPS = (
+    (_accessor, ("set_tensor", "swap_tensor", "swap_submodule")),
+    (nn.Module, ("register_buffer", "register_parameter", "add_module", "__delattr__")),
+)
 
 
 def _set_since(epoch: int) -> set[int] | None:
