@@ -154,6 +154,10 @@ class _Buffered(nn.Module):
         return self.lin(x) + self.shift
 
 
+def _doubled(module: nn.Module, args: Any, out: torch.Tensor) -> torch.Tensor:
+    return out * 2
+
+
 def _registrations() -> dict[str, Callable[[_Buffered], Any]]:
     shift, bias, lin = torch.full((3,), 3.0), nn.Parameter(torch.full((3,), 5.0)), nn.Linear(3, 3)
     nn.init.constant_(lin.weight, 0.5)  # not the weights the module's own layer starts with
@@ -163,13 +167,16 @@ def _registrations() -> dict[str, Callable[[_Buffered], Any]]:
         "add_module": lambda m: m.add_module("lin", lin),
         "register_module": lambda m: m.register_module("lin", lin),
         "del": lambda m: (delattr(m, "shift"), m.register_buffer("shift", shift)),
+        "forward hook": lambda m: m.lin.register_forward_hook(_doubled),
+        "forward pre-hook": lambda m: m.lin.register_forward_pre_hook(lambda _, x: (x[0] * 3,)),
     }
 
 
 @pytest.mark.parametrize("change", list(_registrations()))
 def test_a_member_registered_between_calls_is_seen(change: str) -> None:
-    """``register_buffer``, ``register_parameter``, ``add_module`` and ``del`` write into the
-    module's dicts without ``__setattr__``: cached calls once kept the old member."""
+    """``register_buffer``, ``register_parameter``, ``add_module``, ``del`` and a submodule's
+    hook registration write into the module's dicts without ``__setattr__``: cached calls
+    once kept the old member, or ran without the hook."""
     changes = _registrations()  # the same tensors for both runs
 
     def fn(item: tuple[list[float], bool], module: _Buffered) -> Any:

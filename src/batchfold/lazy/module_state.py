@@ -68,10 +68,11 @@ def _noting(swap: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def note_member_swaps() -> None:
-    """Note the modules whose parameters, buffers and submodules change without
-    ``__setattr__``: ``register_buffer``, ``register_parameter``, ``add_module`` and
-    ``del`` write into a module's dicts, and so do the swaps of ``torch.func.functional_call``
-    (``torch.nn.utils._named_member_accessor``). Once a process, as :func:`module_setattr`."""
+    """Note the modules whose parameters, buffers, submodules and hooks change without
+    ``__setattr__``: ``register_buffer``, ``register_parameter``, ``add_module``, ``del`` and
+    the hook registrations write into a module's dicts, and so do the swaps of
+    ``torch.func.functional_call`` (``torch.nn.utils._named_member_accessor``). Once a
+    process, as :func:`module_setattr`."""
     for owner, names in _SWAPS:
         for name in names:
             swap = getattr(owner, name, None)
@@ -79,9 +80,11 @@ def note_member_swaps() -> None:
                 setattr(owner, name, _noting(swap))
 
 
+_HOOK_KINDS = ("forward_", "forward_pre_", "full_backward_", "full_backward_pre_", "backward_")
 _SWAPS = (
     (_accessor, ("set_tensor", "swap_tensor", "swap_submodule")),
     (nn.Module, ("register_buffer", "register_parameter", "add_module", "__delattr__")),
+    (nn.Module, tuple(f"register_{kind}hook" for kind in _HOOK_KINDS)),
 )
 
 

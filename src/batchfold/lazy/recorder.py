@@ -314,9 +314,10 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
                 if version(tensor) != seen:
                     raise UnsupportedOpError(
                         f"a tensor from outside batch_map ({tuple(tensor.shape)}) read by "
-                        f"{sig.name} at {sig.site} was changed in place before batch_map ran "
-                        "the recorded ops, so they would all see its final value. Change it "
-                        "outside the function given to batch_map, or out of place."
+                        f"{sig.name} at {sig.site} was changed in place (or through .data, or "
+                        "its requires_grad) before batch_map ran the recorded ops, so they "
+                        "would all see it as it is at the end. Change it outside the function "
+                        "given to batch_map, or out of place."
                     )
 
     def read(self, lazy: Lazy, what: str) -> Tensor:

@@ -13,6 +13,7 @@ keyword (``F.relu(p, inplace=True)``, ``out=p``) through the recorder's ``_in_pl
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -24,6 +25,7 @@ from .sites import func_name, user_site
 
 Tensor = torch.Tensor
 _DATA = torch._C.TensorBase.__dict__["data"]  # the getset descriptor of ``t.data``
+_REQUIRES_GRAD = torch._C.TensorBase.__dict__["requires_grad"]
 READ = "read"
 WRITES = "makes a random or in-place call on shared tensors"
 UNHASHABLE = "calls a function on shared tensors with unhashable arguments"
@@ -44,13 +46,17 @@ class SharedCalls:
         cannot be cached, :data:`READ` (it read a value into Python) or ``""``.
         """
         name = getattr(func, "__name__", "")
-        if getattr(func, "__self__", None) is _DATA:  # t.data: see _data
+        owner = getattr(func, "__self__", None)
+        if owner is _DATA:  # t.data: see _data
             return self._data(func, name, args, key)
         in_place = (name[-1:] == "_" and name[:1] != "_") or name in ("__set__", "__setitem__")
         if in_place or is_random(func):
             if in_place and args and isinstance(args[0], Tensor):
                 self.written(args[0], func)
-            return refuse_hidden(func, args, kwargs)(*args, **kwargs), WRITES
+            result = refuse_hidden(func, args, kwargs)(*args, **kwargs)
+            if name == "requires_grad_" or owner is _REQUIRES_GRAD:  # p.requires_grad_(False):
+                _bump(args[0])  # the ops recorded before it would run without p's gradient
+            return result, WRITES
         try:
             hit = self.memo.get(key)
         except TypeError:  # an unhashable constant among the arguments
@@ -85,7 +91,7 @@ class SharedCalls:
                 return hit[0], ""
             self.written(tensor, func)
             func(*args)
-            torch.autograd.graph.increment_version(tensor)
+            _bump(tensor)
         return None, WRITES
 
     def written(self, target: Tensor, func: Any) -> None:
@@ -106,3 +112,11 @@ class SharedCalls:
                     "same arguments, where eagerly each gets a tensor of its own. Write into "
                     "a copy (.clone()) or out of place."
                 )
+
+
+def _bump(tensor: Tensor) -> None:
+    """Count a change eager PyTorch makes without a version bump (``t.data = x``, a change of
+    ``requires_grad``) as a write into ``tensor``: ops recorded before it that read ``tensor``
+    are then refused when they would run (see ``Recorder.flush``), and the memo recomputes."""
+    with torch._C.DisableTorchFunction(), contextlib.suppress(RuntimeError):  # inference tensors
+        torch.autograd.graph.increment_version(tensor)
