@@ -354,3 +354,28 @@ def test_reading_a_shared_tensors_data_batches_as_the_tensor() -> None:
     assert stats.steps <= 3 and not got[0].requires_grad  # one matmul for every instance
     for x, g in zip(xs, got, strict=True):
         torch.testing.assert_close(g, fn(x))
+
+
+def _backward_hooks() -> dict[str, Callable[[nn.Module], Any]]:
+    def seen(*_: Any) -> None:
+        return None
+
+    return {
+        "full": lambda m: m.register_full_backward_hook(seen),
+        "full pre": lambda m: m.register_full_backward_pre_hook(seen),
+        "every module": lambda m: nn.modules.module.register_module_full_backward_hook(seen),
+    }
+
+
+@pytest.mark.parametrize("hook", list(_backward_hooks()))
+def test_a_module_with_backward_hooks_is_refused_on_per_instance_values(hook: str) -> None:
+    """The hooks never ran (silently): the calls' values are rows of batched tensors."""
+    layer = nn.Linear(3, 3)
+    handle = _backward_hooks()[hook](layer)
+    try:
+        with pytest.raises(UnsupportedOpError, match="Linear at .* has backward hooks"):
+            bf.batch_map(lambda x: layer(torch.tensor(x)).sum(), [[1.0, 2.0, 3.0]] * 2)
+        shared = bf.batch_map(lambda _: layer(layer.weight[0]).sum(), [0, 1])  # runs eagerly
+        assert shared[0].requires_grad
+    finally:
+        handle.remove()

@@ -39,7 +39,7 @@ from .lazy_trees import has_lazy
 from .macros import MISSED
 from .module_state import ACTIVE, forget_sets, module_setattr, note_member_swaps
 from .ragged_macros import ORIGINAL_CALL
-from .refusals import refuse_uninitialized
+from .refusals import refuse_backward_hooks, refuse_uninitialized
 from .semantics import own_hooks
 
 __all__ = ["install", "uninstall"]
@@ -63,8 +63,12 @@ def _module_call(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
     active = getattr(THREAD, "active", None)  # active_recorder(), inline
     rec = active[-1] if active else None
     if rec is None or rec.modules is None or rec.trace is not None or any(_GLOBAL_HOOKS):
-        if rec is not None and not refuse_uninitialized(module, has_lazy(args, kwargs)):
-            return _making_parameters(module, args, kwargs)
+        if rec is not None:
+            lazy = has_lazy(args, kwargs)
+            if not refuse_uninitialized(module, lazy):
+                return _making_parameters(module, args, kwargs)
+            if lazy:
+                refuse_backward_hooks(module)
         return ORIGINAL_CALL(module, *args, **kwargs)  # global hooks run on every call: op by op
     if args and not kwargs:
         if type(module) is _IDENTITY and len(args) == 1 and not own_hooks(module):

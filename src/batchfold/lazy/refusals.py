@@ -80,6 +80,25 @@ def refuse_uninitialized(module: torch.nn.Module, per_instance: bool = True) -> 
     return False
 
 
+_GLOBAL_BACKWARD = (
+    torch.nn.modules.module._global_backward_hooks,
+    torch.nn.modules.module._global_backward_pre_hooks,
+)
+
+
+def refuse_backward_hooks(module: torch.nn.Module) -> None:
+    """Refuse a call on per-instance values of a module with backward hooks (its own, or
+    registered for every module): they would never run, as the call's values are rows of
+    batched tensors computed later, and a hook on them sees no call of its own."""
+    if module._backward_hooks or module._backward_pre_hooks or any(_GLOBAL_BACKWARD):
+        raise UnsupportedOpError(
+            f"{type(module).__name__} at {user_site()} has backward hooks (or backward hooks "
+            "registered for every module), which would not run inside batch_map: its calls' "
+            "values are rows of batched tensors, computed later. Register a hook on the "
+            "tensors batch_map returns (result.register_hook), or remove the module's."
+        )
+
+
 def refuse_hidden(func: Any, args: Any, kwargs: Any) -> Any:
     """``func``, once sure that no lazy tensor hides in a container the recorder does not
     look into (a named tuple): run as a call on shared tensors it would come back forever."""
