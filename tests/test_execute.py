@@ -334,3 +334,21 @@ def test_a_step_runs_in_the_grad_mode_its_nodes_were_recorded_in(mode: int) -> N
     with torch.set_grad_enabled(not mode):
         (out,) = run_op(sig, [x], 3, Fallbacks())
     assert out.requires_grad == bool(mode)
+
+
+def test_a_vmap_fallback_shows_no_warning_of_pytorch_about_missing_batching_rules() -> None:
+    """The step is counted in the statistics; PyTorch's warning asks to file an issue with it."""
+    import warnings
+
+    import torch.nn.functional as F
+
+    xs = [torch.randn(1, 2, 5, 8).tolist() for _ in range(3)]  # heads: the flash kernel
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        outs, stats = bf.batch_map(
+            lambda x: F.scaled_dot_product_attention(*(torch.tensor(x),) * 3), xs, return_stats=True
+        )
+    assert "scaled_dot_product_attention (vmap)" in stats.fallbacks
+    assert not [w for w in caught if "batching rule" in str(w.message)]
+    for x, out in zip(xs, outs, strict=True):
+        torch.testing.assert_close(out, F.scaled_dot_product_attention(*(torch.tensor(x),) * 3))
