@@ -342,13 +342,15 @@ def test_a_vmap_fallback_shows_no_warning_of_pytorch_about_missing_batching_rule
 
     import torch.nn.functional as F
 
+    def attend(x: Any) -> torch.Tensor:
+        t = torch.tensor(x)
+        return F.scaled_dot_product_attention(t, t, t)
+
     xs = [torch.randn(1, 2, 5, 8).tolist() for _ in range(3)]  # heads: the flash kernel
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        outs, stats = bf.batch_map(
-            lambda x: F.scaled_dot_product_attention(*(torch.tensor(x),) * 3), xs, return_stats=True
-        )
+        outs, stats = bf.batch_map(attend, xs, return_stats=True)
     assert "scaled_dot_product_attention (vmap)" in stats.fallbacks
     assert not [w for w in caught if "batching rule" in str(w.message)]
     for x, out in zip(xs, outs, strict=True):
-        torch.testing.assert_close(out, F.scaled_dot_product_attention(*(torch.tensor(x),) * 3))
+        torch.testing.assert_close(out, attend(x))
