@@ -262,3 +262,19 @@ def test_every_registered_family_is_exercised(rule: bf.OpRule, scheduler: Schedu
 def test_every_family_case_names_a_registered_function() -> None:
     for func, _ in FAMILY_CASES:
         assert func in bf.RULES, f"{func} has no row in RULES"
+
+
+@pytest.mark.parametrize("scheduler", ["agenda", "depth"])
+def test_masked_fill_with_a_per_instance_value_batches_without_vmap(scheduler: Scheduler) -> None:
+    """``masked_fill`` takes 0-d values only, so a per-instance one (``h.sum()``) went through
+    vmap; it is ``torch.where`` of the value cast to ``x``'s dtype."""
+    torch.manual_seed(0)
+    layer = nn.Linear(4, 4).double()
+
+    def fn(x: list[float]) -> torch.Tensor:
+        h = layer(torch.tensor(x, dtype=torch.float64))
+        return h.masked_fill(h > 0, h.sum().float()) * h.masked_fill(mask=h < 0, value=h[1])
+
+    xs = [torch.randn(4).tolist() for _ in range(5)]
+    stats = assert_matches_eager(fn, xs, layer, scheduler)
+    assert not stats.fallbacks

@@ -219,14 +219,22 @@ register(
 )
 
 
-def _fill_value_shared(args: tuple[Any, ...], kwargs: dict[str, Any], metas: Any) -> bool:
-    """``masked_fill``'s value is a number or a shared tensor: a per-instance 0-d value would
-    be lifted to ``[n, 1...]``, which ``masked_fill`` refuses (it takes 0-d values only)."""
+def batched_masked_fill(sig: Signature, inputs: list[Tensor], n: int) -> Any:
+    """``masked_fill``, elementwise; a per-instance 0-d value, lifted to ``[n, 1...]``, which
+    ``masked_fill`` refuses (it takes 0-d values only), as ``torch.where(mask, value, x)``:
+    the same values, and the same gradients (the value's, summed over where the mask is set),
+    with the value cast to ``x``'s dtype first as ``masked_fill`` casts it."""
+    args, kwargs = sig.template
     value = args[2] if len(args) > 2 else kwargs.get("value")
-    return type(value) is not Slot
+    if type(value) is not Slot:
+        return batched_rowwise(sig, inputs, n)
+    rank, dtype = len(sig.out_metas[0].shape), sig.out_metas[0].dtype
+    lifted = [lift(x, rank) for x in inputs]
+    x, mask = fill(args[0], lifted), fill(args[1] if len(args) > 1 else kwargs["mask"], lifted)
+    return torch.where(mask, lifted[value.index].to(dtype), x)
 
 
-register(named("masked_fill"), OpRule("masked_fill", batched_rowwise, True, _fill_value_shared))
+register(named("masked_fill"), OpRule("masked_fill", batched_masked_fill, True))
 
 
 # ops with a dimension argument: per-instance dim d is batched dim d + 1 --------------------
