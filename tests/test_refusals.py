@@ -66,6 +66,9 @@ CASES: list[tuple[str, Callable[[torch.Tensor], Any], str]] = [
     ("grad_fn", lambda x: _hidden(x).grad_fn, r"grad_fn of a lazy"),
     ("is_leaf", lambda x: _hidden(x).is_leaf, r"is_leaf of a lazy"),
     ("data", lambda x: _hidden(x).data, r"data of a lazy tensor at .*use detach\(\)"),
+    # an AttributeError of the Lazy class ("property has no setter") once
+    ("data set", lambda x: setattr(_hidden(x), "data", LIN.weight[0]), r"data of a lazy .*rebind"),
+    ("grad set", lambda x: setattr(_hidden(x), "grad", LIN.weight[0]), r"grad of a lazy tensor"),
     (
         "requires_grad_",
         lambda x: torch.as_tensor(x).clone().requires_grad_(),

@@ -39,7 +39,7 @@ _ATTRIBUTES = {
     "grad": _AFTER,
     "grad_fn": _AFTER,
     "is_leaf": _AFTER,
-    "data": "use detach(), which batch_map records",
+    "data": "use detach(), which batch_map records (and rebind the name, not .data)",
     "detach_": "batch_map cannot drop a value's history in place; rebind it: x = x.detach()",
     "requires_grad_": "a tensor made inside the function is not a leaf of its own; pass a "
     "tensor that requires grad in the instance and read it with torch.as_tensor(x): its "
@@ -60,7 +60,7 @@ def _refused(name: str, hint: str) -> Callable[..., Any]:
 
 for _name, _hint in _ATTRIBUTES.items():
     _made = _refused(_name, _hint)
-    setattr(Lazy, _name, property(_made) if _name in _PROPERTIES else _made)
+    setattr(Lazy, _name, property(_made, _made) if _name in _PROPERTIES else _made)  # set too
 
 
 def refuse_uninitialized(module: torch.nn.Module, per_instance: bool = True) -> bool:
