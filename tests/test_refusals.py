@@ -382,3 +382,33 @@ def test_a_module_with_backward_hooks_is_refused_on_per_instance_values(hook: st
         assert shared[0].requires_grad
     finally:
         handle.remove()
+
+
+class _Doubled(nn.Module):
+    """Reads a tensor it makes from its weight (``W * 2``) at every call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.lin.weight * 2.0, self.lin.bias)
+
+
+@pytest.mark.parametrize("rows", [False, True])
+def test_a_weight_changed_between_cached_calls_that_read_a_tensor_made_from_it_is_refused(
+    rows: bool,
+) -> None:
+    """The cached calls after the change read ``W * 2`` made before it (silently stale)."""
+    module = _Doubled()
+
+    def fn(item: tuple[list[float], bool]) -> Any:
+        x, change = item
+        t = torch.tensor([x] * 2) if rows else torch.tensor(x)  # rows: ragged calls
+        if change:
+            with torch.no_grad():
+                module.lin.weight.mul_(1.5)
+        return module(t), module(torch.cat([t, t]) if rows else t * 2)  # two lengths: cached
+
+    with pytest.raises(UnsupportedOpError, match="changed in place between calls of _Doubled"):
+        bf.batch_map(fn, [([1.0, 2.0, 3.0], False), ([0.5, 1.0, 2.0], True)])

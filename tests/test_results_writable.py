@@ -138,3 +138,31 @@ def test_a_result_that_is_an_instances_own_tensor_eagerly_is_that_tensor(kind: s
         )
     for g, w in zip(runs[1], runs[0], strict=True):
         torch.testing.assert_close(g, w)
+
+
+def _shared_results(layer: nn.Linear) -> dict[str, Callable[[Any], Any]]:
+    return {
+        "made from a weight": lambda x: (layer(torch.tensor(x)), layer.weight * 2.0),
+        "a view of a weight": lambda x: (layer(torch.tensor(x)), layer.weight.T),
+        "shared only": lambda x: (layer.bias + 1.0, layer.weight * 3.0),
+    }
+
+
+@pytest.mark.parametrize("kind", ["made from a weight", "a view of a weight", "shared only"])
+def test_a_result_computed_from_shared_tensors_is_each_instances_own(kind: str) -> None:
+    """A call on shared tensors runs once and every instance got that one tensor: a write
+    into one instance's result reached the others' (silently)."""
+    runs = []
+    for batched in (False, True):
+        torch.manual_seed(0)
+        layer = nn.Linear(3, 2)
+        fn = _shared_results(layer)[kind]
+        xs = [[1.0, 2.0, 3.0], [0.5, -1.0, 2.0], [0.0, 1.0, 1.0]]
+        results = bf.batch_map(fn, xs) if batched else [fn(x) for x in xs]
+        assert results[0][1] is not results[1][1]
+        with torch.no_grad():
+            results[0][1].add_(0.0 if kind == "a view of a weight" else 1.0)  # a weight's view
+        torch.stack([r.sum() for inst in results for r in inst]).sum().backward()
+        runs.append([r.detach() for inst in results for r in inst] + [layer.weight.grad])
+    for g, w in zip(runs[1], runs[0], strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10)

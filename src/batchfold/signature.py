@@ -107,6 +107,7 @@ class Signature:
         "out_grad",
         "int_outs",
         "shared",
+        "derived",
         "family",
         "length",
         "pool",
@@ -146,6 +147,9 @@ class Signature:
         self.grad_rule = NO_GRAD if len(self.int_outs) == len(out_metas) else NEEDS_GRAD
         self.out_grad: tuple[tuple[bool, tuple[int, ...]], ...] = ()
         self.shared: tuple[tuple[torch.Tensor, int], ...] = ()
+        # a cached call's: the tensors from outside that shared tensors its template reads
+        # were computed from (W for W * 2), with their versions then (see Recorder.flush)
+        self.derived: tuple[tuple[torch.Tensor, int], ...] = ()
         self.family: Any = None  # a ragged.Family this signature batches with, if any
         self.length = 0  # in a family: the length of its ragged leading dim
         self.pool = id  # the signature whose pending buffer holds this one's nodes

@@ -62,24 +62,27 @@ def _build(structure: Any, outs: Any) -> Any:
     return kind(_build(p, outs) for p in parts)
 
 
-def map_lazies(fn: Any, obj: Any, results: bool = False) -> Any:
+def map_lazies(fn: Any, obj: Any, results: bool = False, tensors: Any = None) -> Any:
     """``obj`` with ``fn`` applied to each lazy value in it: plain lists, tuples, dicts and
     dataclasses walked here (the common results, fast), other containers by ``tree_map``.
     With ``results`` (``batch_map``'s), a lazy value in an attribute of an object neither
-    walks is refused: it would come back lazy, unusable."""
+    walks is refused: it would come back lazy, unusable. ``tensors`` (if given) is applied
+    to the tensors that are not lazy in the lists, tuples, dicts and dataclasses."""
     kind = type(obj)
     if kind is Lazy:
         return fn(obj)
     if kind is list or kind is tuple:
-        return kind([map_lazies(fn, x, results) for x in obj])
+        return kind([map_lazies(fn, x, results, tensors) for x in obj])
     if kind is dict:
-        return {k: map_lazies(fn, v, results) for k, v in obj.items()}
-    if kind in _LEAVES or isinstance(obj, Tensor):
+        return {k: map_lazies(fn, v, results, tensors) for k, v in obj.items()}
+    if kind in _LEAVES:
         return obj  # tree_map leaves a cycle to collect on every call (a recursive helper)
+    if isinstance(obj, Tensor):
+        return obj if tensors is None else tensors(obj)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):  # not walked by tree_map
         new = copy.copy(obj)
         for field in dataclasses.fields(obj):  # frozen ones too, as their __init__ sets them
-            value = map_lazies(fn, getattr(obj, field.name), results)
+            value = map_lazies(fn, getattr(obj, field.name), results, tensors)
             object.__setattr__(new, field.name, value)
         return new
     if results:

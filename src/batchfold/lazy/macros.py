@@ -228,7 +228,8 @@ class ModuleCache:
     def _uncached(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """A call recorded op by op because an argument is an object the key would hold by
         identity (a config namespace): changed between calls, a cached call would not see it."""
-        self.misses[f"{type(module).__name__}: {MUTABLE_ARGUMENT}"] += 1
+        reason = "takes an object that may change between calls (keyed by identity)"
+        self.misses[f"{type(module).__name__}: {reason}"] += 1
         return ORIGINAL_CALL(module, *args, **kwargs)
 
     def note_reads(self, entry: _Entry, trace: Trace) -> None:
@@ -294,8 +295,10 @@ class ModuleCache:
             if not found.ops:
                 return result
             (op, refs, _), *more = found.ops
-            if not more and op.in_metas and all(r[0] == 0 for r in refs):
-                # one op: later calls are nodes of that op, batched with the traced ones
+            derived = self.rec.shared_calls.sources(t for t, _ in op.shared)
+            if not more and op.in_metas and all(r[0] == 0 for r in refs) and not derived:
+                # one op (not reading W * 2 made from W: Signature.derived): later calls are
+                # nodes of that op, batched with the traced ones
                 order = [r[1] for r in refs]
                 entry.sig = op
                 entry.order = None if order == list(range(len(inputs))) else order
@@ -332,6 +335,7 @@ class ModuleCache:
             site=user_site(),
         )
         sig.shared = found.shared_now()
+        sig.derived = self.rec.shared_calls.sources(t for t, _ in sig.shared)
         sig.set_grad_rule(found.grad_rule)
         sig.set_output_grad(found.node_grad(len(lazies)))
         return sig
@@ -393,6 +397,3 @@ def _arguments(entry: _Entry, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
         template((args, kwargs), lazies)
     outs = [lazies[k] for _, k in refs]
     return build(entry.template.structure, outs)
-
-
-MUTABLE_ARGUMENT = "takes an object that may change between calls (keyed by identity)"

@@ -116,6 +116,7 @@ def call_ragged(
     elif all(a != b for a, b in zip(lengths, entry.length, strict=True)):
         # confirmed by two traces in which every length differs
         entry.macro = RaggedMacro(cache.rec.graph, module, found, (args, kwargs), flags)
+        entry.macro.derived = cache.rec.shared_calls.sources(t for t, _ in entry.macro.shared)
         keep(key, module, found.ops, entry.macro.shared, entry.read, (found, trace.guards, lengths))
     if entry.reason is not None:
         cache.misses[f"{name}: {entry.reason}"] += 1
@@ -283,6 +284,7 @@ class RaggedMacro:
         self.call_template = (template(call[0], []), template(call[1], []))
         self.site = user_site()
         self.shared = found.shared_now()
+        self.derived: tuple[tuple[Tensor, int], ...] = ()  # see Signature.derived
         self.outs = tuple(found.ops[j][0].out_metas[o] for _, j, o in found.outputs)
         self.flags = flags
         self.ragged_in = tuple(f != FIXED for f in flags)
@@ -349,6 +351,7 @@ class RaggedMacro:
             )
             self.graph.families[(RAGGED, id(self))] = self.family
         sig.shared, sig.family, sig.length = self.shared, self.family, length
+        sig.derived = self.derived
         sig.set_grad_rule(found.grad_rule)
         sig.set_output_grad(found.node_grad(len(in_metas)))
         sig.pool, sig.keep = self.family.rep, self.keep

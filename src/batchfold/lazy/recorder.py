@@ -34,7 +34,7 @@ from .lengths import plain_lengths
 from .macros import ModuleCache
 from .running_stats import NORMALISATIONS, RunningStats
 from .semantics import META_QUERIES, VIEW_NAMES
-from .shared_calls import READ, SharedCalls
+from .shared_calls import READ, SharedCalls, refuse_stale
 from .signatures import SignatureMaker
 from .sites import func_name, user_site, version
 from .sources import FACTORIES, SourceMaker
@@ -108,7 +108,7 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
         self.stats = Stats()
         self.driver = Driver(self.flush, self._set_instance)
         self.sources = SourceMaker(self)
-        self._shared = SharedCalls()
+        self.shared_calls = SharedCalls()
         self._meta_cache: dict[int, tuple[Tensor, Tensor]] = {}
         self._views_of: dict[int, list[weakref.ref[Lazy]]] = {}  # value id -> its lazy views
         self.trace: Trace | None = None  # the module call being traced, if any
@@ -242,7 +242,7 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
         """Run a call on shared tensors at once, memoised (see :mod:`.shared_calls`)."""
         if self.running_stats.buffers:  # buffers a training normalisation moves: see there
             self.running_stats.refuse_use((*args, *kwargs.values()), func_name(func))
-        result, seen = self._shared.call(func, args, kwargs, key)
+        result, seen = self.shared_calls.call(func, args, kwargs, key)
         if self.trace is not None and seen:
             if seen == READ:  # w.tolist(), w.dim(): a value read into Python
                 self.trace.read_values = True
@@ -266,7 +266,7 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
         if self._context is not None:
             graphs.give_back(self.graph, self._context)
         self.graph, self.store, self.modules, self.trace = Graph(), Executor(), None, None
-        self._shared, self._views_of, self._meta_cache = SharedCalls(), {}, {}
+        self.shared_calls, self._views_of, self._meta_cache = SharedCalls(), {}, {}
         self.sources.watched, self.sources.arrays, self.sources.eager = [], [], {}  # whole run
 
     # -- running -------------------------------------------------------------------------------
@@ -307,18 +307,7 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
 
     def _check_shared_versions(self) -> None:
         self._check_instance_memory()
-        signatures = self.graph.signatures
-        for pool in self.graph.touched:  # the buffers holding pending nodes
-            sig = signatures[pool]
-            for tensor, seen in sig.shared:
-                if version(tensor) != seen:
-                    raise UnsupportedOpError(
-                        f"a tensor from outside batch_map ({tuple(tensor.shape)}) read by "
-                        f"{sig.name} at {sig.site} was changed in place (or through .data, or "
-                        "its requires_grad) before batch_map ran the recorded ops, so they "
-                        "would all see it as it is at the end. Change it outside the function "
-                        "given to batch_map, or out of place."
-                    )
+        refuse_stale(self.graph)
 
     def read(self, lazy: Lazy, what: str) -> Tensor:
         """``lazy``'s value: a sync point, where the instance waits for a batched run."""
@@ -373,7 +362,7 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
                     "reading it (torch.tensor(x)), or change it before."
                 )
 
-    def materialize(self, result: Any) -> Any:
+    def materialize(self, results: list[Any]) -> list[Any]:
         """Replace every lazy value in a (nested) result by its tensor.
 
         Values are gathered with one ``index_select`` per step output and then unbound, so
@@ -382,20 +371,26 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
         when its step ran rows that require grad. Each result can be written in place as an
         eager one can (see ``Executor.values``); one value returned twice (``return h, h``)
         is one tensor, as eagerly, and one that eagerly is an instance's own tensor
-        (``torch.as_tensor(x)`` without a copy) is that tensor.
+        (``torch.as_tensor(x)`` without a copy) is that tensor; a memoised call on shared
+        tensors that several calls got is each instance's own (``SharedCalls.own``).
+        ``results``: one per instance.
         """
         vids: list[int] = []
-        map_lazies(lambda x: vids.append(x._vid), result, results=True)
-        if not vids:
-            return result
+        map_lazies(lambda x: vids.append(x._vid), results, results=True)
+        twice = self.shared_calls.handed_twice()
         free = self.graph.grad_free  # values eager gives requires_grad=False: so do these
         unique = list(dict.fromkeys(vids))
         # as in flush: a value keeps the history it was made with; the mode is off for the
         # getters (t.requires_grad)
         with torch._C.DisableTorchFunction(), torch.enable_grad():
             self._check_instance_memory()  # changed after the last run: values read before
-            pairs = zip(unique, self.store.values(unique, fresh=True), strict=True)
+            pairs = zip(
+                unique, self.store.values(unique, fresh=True) if unique else [], strict=True
+            )
             of = {v: t.detach() if t.requires_grad and v in free else t for v, t in pairs}
-        of.update((v, self.sources.eager[v]) for v in self.sources.eager.keys() & of.keys())
-        values = iter([of[v] for v in vids])
-        return map_lazies(lambda _: next(values), result)  # the same walk, in the same order
+            of.update((v, self.sources.eager[v]) for v in self.sources.eager.keys() & of.keys())
+            values = iter([of[v] for v in vids])
+            if not twice:  # the same walk, in the same order
+                return map_lazies(lambda _: next(values), results)
+            own = self.shared_calls.own_results
+            return [own(r, lambda _: next(values), twice) for r in results]

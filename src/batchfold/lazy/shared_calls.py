@@ -14,14 +14,18 @@ keyword (``F.relu(p, inplace=True)``, ``out=p``) through the recorder's ``_in_pl
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_leaves
 
 from ..errors import UnsupportedOpError
+from ..graph import Graph
+from .lazy_trees import map_lazies
 from .refusals import refuse_hidden
 from .semantics import is_random
-from .sites import func_name, user_site
+from .sites import func_name, user_site, version
 
 Tensor = torch.Tensor
 _DATA = torch._C.TensorBase.__dict__["data"]  # the getset descriptor of ``t.data``
@@ -38,6 +42,8 @@ class SharedCalls:
         self.memo: dict[Any, tuple[Any, ...]] = {}
         # id of a memoised result -> (its key, how many calls it was handed to)
         self.handed: dict[int, tuple[Any, int]] = {}
+        # id of a memoised result -> the tensors it was computed from, with their versions
+        self.made_from: dict[int, tuple[tuple[Tensor, int], ...]] = {}
 
     def call(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], key: Any) -> Any:
         """Run ``func`` on shared tensors, or hand back its memoised result.
@@ -67,11 +73,54 @@ class SharedCalls:
                 return result, READ
             self.memo[key] = (result, args, kwargs)  # the inputs stay alive: ids stay
             self.handed[id(result)] = (key, 1)
+            self._note_sources(result, args, kwargs)
             return result, ""
         result = hit[0]
         key_of, count = self.handed[id(result)]
         self.handed[id(result)] = (key_of, count + 1)
         return result, ""
+
+    def _note_sources(self, result: Tensor, args: Any, kwargs: Any) -> None:
+        with torch._C.DisableTorchFunction():  # versions are getters: not for the recorder
+            inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)]
+            made = self.made_from
+            pairs = [(t, version(t)) for t in inputs]
+            self.made_from[id(result)] = (*pairs, *(p for t in inputs for p in made.get(id(t), ())))
+
+    def handed_twice(self) -> set[int]:
+        """The ids of the memoised results that several calls got."""
+        return {i for i, (_, count) in self.handed.items() if count > 1}
+
+    def own(self, tensor: Tensor, copies: dict[int, Tensor]) -> Tensor:
+        """An instance's own ``tensor``, a memoised result that several calls got, for its
+        results (``copies``: the instance's, by id): eagerly each call made its own, so a
+        write into one instance's result must not reach another's. A new view where the
+        result shares memory with what it was made from (``W.t()``, ``W.data``: a write
+        reaches ``W``, as eagerly), else a copy (``W * 2``)."""
+        made = copies.get(id(tensor))
+        if made is None:
+            _, args, kwargs = self.memo[self.handed[id(tensor)][0]]
+            memory = tensor.untyped_storage().data_ptr()
+            views = any(
+                isinstance(x, Tensor) and x.untyped_storage().data_ptr() == memory
+                for x in tree_leaves((args, kwargs))
+            )
+            made = copies[id(tensor)] = tensor.view_as(tensor) if views else tensor.clone()
+        return made
+
+    def own_results(self, result: Any, lazies: Any, twice: set[int]) -> Any:
+        """One instance's ``result`` with ``lazies`` applied to its lazy values and each of
+        the memoised results ``twice`` (:meth:`handed_twice`) made its own (:meth:`own`)."""
+        copies: dict[int, Tensor] = {}
+        return map_lazies(
+            lazies, result, tensors=lambda t: self.own(t, copies) if id(t) in twice else t
+        )
+
+    def sources(self, tensors: Iterable[Tensor]) -> tuple[tuple[Tensor, int], ...]:
+        """The tensors from outside that memoised results among ``tensors`` were computed
+        from, each with its version then (``W * 2`` in a module's trace: made from ``W``)."""
+        made = self.made_from
+        return tuple(p for t in tensors for p in made.get(id(t), ()))
 
     def _data(self, func: Any, name: str, args: tuple[Any, ...], key: Any) -> tuple[Any, str]:
         """``t.data`` and ``t.data = x`` of a shared tensor. Eagerly ``t.data`` is ``t``'s
@@ -120,3 +169,31 @@ def _bump(tensor: Tensor) -> None:
     are then refused when they would run (see ``Recorder.flush``), and the memo recomputes."""
     with torch._C.DisableTorchFunction(), contextlib.suppress(RuntimeError):  # inference tensors
         torch.autograd.graph.increment_version(tensor)
+
+
+def refuse_stale(graph: Graph) -> None:
+    """Refuse to run pending nodes that read a tensor from outside changed since they were
+    recorded (in place, through ``.data``, or its ``requires_grad``), or whose cached call
+    read a tensor made from one changed since (see ``Signature.derived``): they would all
+    see it as it is at the end."""
+    signatures = graph.signatures
+    for pool in graph.touched:  # the buffers holding pending nodes
+        sig = signatures[pool]
+        for tensor, seen in sig.shared:
+            if version(tensor) != seen:
+                raise UnsupportedOpError(
+                    f"a tensor from outside batch_map ({tuple(tensor.shape)}) read by "
+                    f"{sig.name} at {sig.site} was changed in place (or through .data, or "
+                    "its requires_grad) before batch_map ran the recorded ops, so they "
+                    "would all see it as it is at the end. Change it outside the function "
+                    "given to batch_map, or out of place."
+                )
+        for tensor, seen in sig.derived:
+            if version(tensor) != seen:
+                raise UnsupportedOpError(
+                    f"a tensor from outside batch_map ({tuple(tensor.shape)}) was changed "
+                    f"in place between calls of {sig.name} (at {sig.site}), whose cached "
+                    "calls read a tensor made from it before the change: they would all "
+                    "use that. Change it outside the function given to batch_map, or mark "
+                    "the module bf.no_cache."
+                )

@@ -37,12 +37,12 @@ class InPlaceWrites:
 
     It uses the recorder's ``call`` (to record the out-of-place op), ``trace`` (a module call
     being traced refuses writes into tensors from outside it), ``_views_of`` (value id ->
-    weak references to the lazy tensors that may view it) and ``_shared`` (the memo of calls
+    weak references to the lazy tensors that may view it) and ``shared_calls`` (the memo of calls
     on tensors from outside, told of every write into one of them).
     """
 
     _views_of: dict[int, list[weakref.ref[Lazy]]]
-    _shared: SharedCalls
+    shared_calls: SharedCalls
     trace: Trace | None
     graph: Graph
     sources: SourceMaker
@@ -212,7 +212,7 @@ class InPlaceWrites:
                     "into a tensor from outside batch_map; use inplace=False"
                 )
             if args and isinstance(args[0], torch.Tensor):
-                self._shared.written(args[0], func)
+                self.shared_calls.written(args[0], func)
             return func(*args, **kwargs)
         out = kwargs["out"]
         rest = {k: v for k, v in kwargs.items() if k != "out"}
@@ -226,7 +226,7 @@ class InPlaceWrites:
             )
         for target in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(target, torch.Tensor):
-                self._shared.written(target, func)
+                self.shared_calls.written(target, func)
         return func(*args, **kwargs)
 
 
