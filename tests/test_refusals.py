@@ -412,3 +412,19 @@ def test_a_weight_changed_between_cached_calls_that_read_a_tensor_made_from_it_i
 
     with pytest.raises(UnsupportedOpError, match="changed in place between calls of _Doubled"):
         bf.batch_map(fn, [([1.0, 2.0, 3.0], False), ([0.5, 1.0, 2.0], True)])
+
+
+def test_torch_embedding_is_read_by_its_own_argument_order() -> None:
+    """``torch.embedding(weight, indices, padding_idx, scale_grad_by_freq)`` is not
+    ``F.embedding(indices, weight, padding_idx, max_norm, ...)``: read by the latter's order,
+    scale_grad_by_freq went unseen (a silently different gradient) and a fourth argument of
+    False was refused as a max_norm."""
+    weight = nn.Parameter(torch.randn(5, 3))
+    words = [[1, 2, 2], [2, 3, 3]]
+    for refused in (
+        lambda w: torch.embedding(weight, torch.tensor(w), scale_grad_by_freq=True),
+        lambda w: torch.embedding(weight, torch.tensor(w), -1, True),
+    ):
+        with pytest.raises(UnsupportedOpError, match="scale_grad_by_freq divides"):
+            bf.batch_map(refused, words)
+    assert_matches_eager(lambda w: torch.embedding(weight, torch.tensor(w), -1, False), words)

@@ -206,8 +206,8 @@ class ModuleCache:
     def drop_changed(self) -> None:
         """Drop the entries one of whose modules had an attribute set since the entry was
         made: their next calls are traced with the modules as they are now."""
-        since, self.epoch = self.epoch, EPOCH[0]
-        for key in self.watchers.suspects(self.entries, since):
+        suspects, self.epoch = self.watchers.suspects(self.entries, self.epoch)
+        for key in suspects:
             entry = self.entries.get(key)
             if entry is not None and entry.reason is None and entry.watch.changed():
                 del self.entries[key]

@@ -14,6 +14,7 @@ modules ``bf.no_cache``).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +30,7 @@ SET_AT: dict[int, int] = {}
 _LOG: list[int] = []  # ids of the modules set, in order: _LOG[k] at EPOCH _LOG_START[0] + k + 1
 _LOG_START = [0]
 _LOG_MAX = 1 << 16  # then the log starts again, and a cache behind it checks every entry
+_LOCK = threading.Lock()
 
 ORIGINAL_SETATTR = nn.Module.__setattr__
 
@@ -48,12 +50,13 @@ def module_setattr(module: nn.Module, name: str, value: Any) -> None:
 
 
 def _note(module: nn.Module) -> None:
-    EPOCH[0] += 1
-    SET_AT[id(module)] = EPOCH[0]
-    if len(_LOG) >= _LOG_MAX:
-        _LOG.clear()
-        _LOG_START[0] = EPOCH[0] - 1
-    _LOG.append(id(module))
+    with _LOCK:  # threads recording at once: each set at its own place in the log
+        EPOCH[0] += 1
+        SET_AT[id(module)] = EPOCH[0]
+        if len(_LOG) >= _LOG_MAX:
+            _LOG.clear()
+            _LOG_START[0] = EPOCH[0] - 1
+        _LOG.append(id(module))
 
 
 def _noting(swap: Callable[..., Any]) -> Callable[..., Any]:
@@ -88,18 +91,20 @@ _SWAPS = (
 )
 
 
-def _set_since(epoch: int) -> set[int] | None:
-    """The ids of the modules that had an attribute set after :data:`EPOCH` ``epoch``, or
-    ``None`` where the log no longer reaches back that far."""
-    start = epoch - _LOG_START[0]
-    return None if start < 0 else set(_LOG[start:])
+def _set_since(epoch: int) -> tuple[set[int] | None, int]:
+    """The ids of the modules that had an attribute set after :data:`EPOCH` ``epoch`` (``None``
+    where the log no longer reaches back that far), and the epoch now."""
+    with _LOCK:
+        start = epoch - _LOG_START[0]
+        return (None if start < 0 else set(_LOG[start:])), EPOCH[0]
 
 
 def forget_sets() -> None:
     """Forget every set noted (the last ``batch_map`` has stopped recording)."""
-    SET_AT.clear()
-    _LOG.clear()
-    _LOG_START[0] = EPOCH[0]
+    with _LOCK:
+        SET_AT.clear()
+        _LOG.clear()
+        _LOG_START[0] = EPOCH[0]
 
 
 class Watch:
@@ -134,11 +139,12 @@ class Watchers:
             keys.setdefault(m, set()).add(key)
         return watch
 
-    def suspects(self, entries: dict[Any, Any], since: int) -> Any:
+    def suspects(self, entries: dict[Any, Any], since: int) -> tuple[Any, int]:
         """The keys among ``entries`` watching a module set after :data:`EPOCH` ``since``
-        (every key where the log of sets no longer reaches back that far)."""
-        changed = _set_since(since)
+        (every key where the log of sets no longer reaches back that far), and the epoch
+        they cover."""
+        changed, now = _set_since(since)
         if changed is None:
-            return list(entries)
+            return list(entries), now
         keys = self.keys
-        return {key for m in changed for key in keys.get(m, ())}
+        return {key for m in changed for key in keys.get(m, ())}, now

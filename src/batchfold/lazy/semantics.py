@@ -295,7 +295,11 @@ def refuse_unrecordable(
             "run the batch; return the values from the function and call it on the results."
         )
     if base_name(func) in ("embedding", "embedding_bag"):
-        max_norm = args[3] if len(args) > 3 else kwargs.get("max_norm")
+        # F.embedding(input, weight, padding_idx, max_norm, norm_type, scale_grad_by_freq);
+        # torch.embedding(weight, input, padding_idx, scale_grad_by_freq): no max_norm
+        functional = func in (F.embedding, F.embedding_bag)
+        at_weight, at_freq = (1, 5) if functional else (0, 3)
+        max_norm = args[3] if functional and len(args) > 3 else kwargs.get("max_norm")
         if max_norm is not None:
             raise UnsupportedOpError(
                 f"{name} at {site} with max_norm renormalises rows of its table, changed in "
@@ -303,8 +307,8 @@ def refuse_unrecordable(
                 "be recorded. Renormalise the table outside the function, or leave max_norm "
                 "unset."
             )
-        by_freq = args[5] if len(args) > 5 else kwargs.get("scale_grad_by_freq", False)
-        weight = args[1] if len(args) > 1 else kwargs.get("weight")
+        by_freq = args[at_freq] if len(args) > at_freq else kwargs.get("scale_grad_by_freq")
+        weight = args[at_weight] if len(args) > at_weight else kwargs.get("weight")
         if by_freq and torch.is_grad_enabled() and getattr(weight, "requires_grad", False):
             raise UnsupportedOpError(
                 f"{name} at {site} with scale_grad_by_freq divides each row's gradient by how "
