@@ -428,3 +428,18 @@ def test_torch_embedding_is_read_by_its_own_argument_order() -> None:
         with pytest.raises(UnsupportedOpError, match="scale_grad_by_freq divides"):
             bf.batch_map(refused, words)
     assert_matches_eager(lambda w: torch.embedding(weight, torch.tensor(w), -1, False), words)
+
+
+def test_setting_requires_grad_to_what_it_is_counts_as_no_change() -> None:
+    """Freezing a layer at the start of every instance changes it once, before anything reads
+    it: the calls run as eagerly (the flag set again to its value was refused once)."""
+    encoder, head = nn.Linear(3, 3), nn.Linear(3, 2)
+
+    def fn(x: list[float]) -> torch.Tensor:
+        encoder.requires_grad_(False)
+        head.weight.requires_grad = True
+        return head(encoder(torch.tensor(x)))
+
+    xs = [[1.0, 2.0, 3.0], [0.5, -1.0, 2.0]]
+    assert_matches_eager(fn, xs, head)
+    assert not any(p.requires_grad for p in encoder.parameters())

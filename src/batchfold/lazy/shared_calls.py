@@ -57,12 +57,15 @@ class SharedCalls:
             return self._data(func, name, args, key)
         in_place = (name[-1:] == "_" and name[:1] != "_") or name in ("__set__", "__setitem__")
         if in_place or is_random(func):
-            if in_place and args and isinstance(args[0], Tensor):
-                self.written(args[0], func)
+            target = args[0] if in_place and args and isinstance(args[0], Tensor) else None
+            if target is not None:
+                self.written(target, func)
+            grad_set = target is not None and (name == "requires_grad_" or owner is _REQUIRES_GRAD)
+            needs = grad_set and _requires_grad(target)
             result = refuse_hidden(func, args, kwargs)(*args, **kwargs)
-            if name == "requires_grad_" or owner is _REQUIRES_GRAD:  # p.requires_grad_(False):
-                _bump(args[0])  # the ops recorded before it would run without p's gradient
-            return result, WRITES
+            if target is not None and grad_set and _requires_grad(target) != needs:
+                _bump(target)  # p.requires_grad_(False): the ops recorded before would run
+            return result, WRITES  # without p's gradient
         try:
             hit = self.memo.get(key)
         except TypeError:  # an unhashable constant among the arguments
@@ -161,6 +164,11 @@ class SharedCalls:
                     "same arguments, where eagerly each gets a tensor of its own. Write into "
                     "a copy (.clone()) or out of place."
                 )
+
+
+def _requires_grad(tensor: Any) -> bool:
+    with torch._C.DisableTorchFunction():  # a getter: not for the recorder
+        return bool(tensor.requires_grad)
 
 
 def _bump(tensor: Tensor) -> None:
