@@ -380,6 +380,8 @@ def test_a_module_with_backward_hooks_is_refused_on_per_instance_values(hook: st
             bf.batch_map(lambda x: layer(torch.tensor(x)).sum(), [[1.0, 2.0, 3.0]] * 2)
         shared = bf.batch_map(lambda _: layer(layer.weight[0]).sum(), [0, 1])  # runs eagerly
         assert shared[0].requires_grad
+        with torch.no_grad():  # eagerly the hooks would not run either: not refused
+            assert_matches_eager(lambda x: layer(torch.tensor(x)), [[1.0, 2.0, 3.0]] * 2)
     finally:
         handle.remove()
 

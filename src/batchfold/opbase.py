@@ -95,14 +95,17 @@ def batched_vmap(sig: Signature, inputs: list[Tensor], n: int) -> Any:
     """Batch any op with ``torch.func.vmap`` over dimension 0 of every per-instance input.
 
     PyTorch's warning that vmap runs an op without a batching rule of its own (asking to
-    file an issue with PyTorch) is not shown: the statistics count these steps
-    (``Stats.fallbacks``)."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=_NO_BATCHING_RULE)
-        return torch.func.vmap(lambda *xs: call_one(sig, xs), randomness="different")(*inputs)
+    file an issue with PyTorch) is not shown from the first fallback on (a filter added once,
+    as a per-call one would reset Python's record of warnings shown): the statistics count
+    these steps (``Stats.fallbacks``)."""
+    if not _QUIET[0]:
+        _QUIET[0] = True
+        warnings.filterwarnings("ignore", message=_NO_BATCHING_RULE, category=UserWarning)
+    return torch.func.vmap(lambda *xs: call_one(sig, xs), randomness="different")(*inputs)
 
 
 _NO_BATCHING_RULE = "There is a performance drop because we have not yet implemented"
+_QUIET = [False]
 
 
 def batched_loop(sig: Signature, inputs: list[Tensor], n: int) -> Any:

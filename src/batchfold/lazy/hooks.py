@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
+import warnings
 from typing import Any
 
 import torch
@@ -39,7 +40,7 @@ from .lazy_trees import has_lazy
 from .macros import MISSED
 from .module_state import ACTIVE, forget_sets, module_setattr, note_member_swaps
 from .ragged_macros import ORIGINAL_CALL
-from .refusals import refuse_backward_hooks, refuse_uninitialized
+from .refusals import backward_hooks, refuse_backward_hooks, refuse_uninitialized
 from .semantics import own_hooks
 
 __all__ = ["install", "uninstall"]
@@ -67,8 +68,8 @@ def _module_call(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
             lazy = has_lazy(args, kwargs)
             if not refuse_uninitialized(module, lazy):
                 return _making_parameters(module, args, kwargs)
-            if lazy:
-                refuse_backward_hooks(module)
+            if lazy and backward_hooks(module):
+                return _hooked(rec, module, args, kwargs)
         return ORIGINAL_CALL(module, *args, **kwargs)  # global hooks run on every call: op by op
     if args and not kwargs:
         if type(module) is _IDENTITY and len(args) == 1 and not own_hooks(module):
@@ -80,7 +81,21 @@ def _module_call(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
         if not refuse_uninitialized(module, False):
             return _making_parameters(module, args, kwargs)
         return ORIGINAL_CALL(module, *args, **kwargs)
+    if backward_hooks(module):
+        return _hooked(rec, module, args, kwargs)
     return rec.modules.call(module, args, kwargs)
+
+
+def _hooked(rec: Any, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A call on per-instance values of a module with backward hooks: refused where eagerly
+    they would run (see ``refuse_backward_hooks``), else recorded op by op, without PyTorch's
+    warning that the hooks need tensor outputs (they would not run eagerly either)."""
+    refuse_backward_hooks(module, args, kwargs, rec.graph.grad_free)
+    if rec.modules is not None:
+        rec.modules.misses[f"{type(module).__name__}: it has backward hooks"] += 1
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="For backward hooks to be called")
+        return ORIGINAL_CALL(module, *args, **kwargs)
 
 
 def _making_parameters(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

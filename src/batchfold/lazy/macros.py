@@ -37,7 +37,7 @@ from .ragged_keys import (
     takes_sequences,
 )
 from .ragged_macros import ALIASED, ORIGINAL_CALL, RaggedMacro, RaggedTemplate, call_ragged
-from .refusals import refuse_backward_hooks, refuse_uninitialized
+from .refusals import refuse_uninitialized
 from .semantics import NO_CACHE, grad_mode, own_hooks
 from .sites import user_site
 from .tensor import Lazy
@@ -160,7 +160,6 @@ class ModuleCache:
     def call(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """``module(*args, **kwargs)`` inside ``batch_map``: a macro node, or traced op by op."""
         refuse_uninitialized(module)
-        refuse_backward_hooks(module)
         rec = self.rec
         if EPOCH[0] != self.epoch:
             self.drop_changed()

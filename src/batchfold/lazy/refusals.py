@@ -86,11 +86,21 @@ _GLOBAL_BACKWARD = (
 )
 
 
-def refuse_backward_hooks(module: torch.nn.Module) -> None:
+def backward_hooks(module: torch.nn.Module) -> bool:
+    """Whether ``module`` has backward hooks (or pre-hooks), or every module has."""
+    return bool(module._backward_hooks or module._backward_pre_hooks or any(_GLOBAL_BACKWARD))
+
+
+def refuse_backward_hooks(module: torch.nn.Module, args: Any, kwargs: Any, free: Any) -> None:
     """Refuse a call on per-instance values of a module with backward hooks (its own, or
-    registered for every module): they would never run, as the call's values are rows of
-    batched tensors computed later, and a hook on them sees no call of its own."""
-    if module._backward_hooks or module._backward_pre_hooks or any(_GLOBAL_BACKWARD):
+    registered for every module) where eagerly they would run (in grad mode, an input or a
+    parameter requiring grad; ``free``: the value ids that do not): they would not, as the
+    call's values are rows of batched tensors computed later, with no call of their own."""
+    if not backward_hooks(module) or not torch.is_grad_enabled():
+        return
+    lazies: list[Lazy] = []
+    map_lazies(lazies.append, (args, kwargs))
+    if any(x._vid not in free for x in lazies) or any(p.requires_grad for p in module.parameters()):
         raise UnsupportedOpError(
             f"{type(module).__name__} at {user_site()} has backward hooks (or backward hooks "
             "registered for every module), which would not run inside batch_map: its calls' "
