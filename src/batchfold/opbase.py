@@ -9,7 +9,6 @@ its own runs through ``torch.func.vmap`` (:data:`VMAP`) or once per instance (:d
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -95,17 +94,17 @@ def batched_vmap(sig: Signature, inputs: list[Tensor], n: int) -> Any:
     """Batch any op with ``torch.func.vmap`` over dimension 0 of every per-instance input.
 
     PyTorch's warning that vmap runs an op without a batching rule of its own (asking to
-    file an issue with PyTorch) is not shown from the first fallback on (a filter added once,
-    as a per-call one would reset Python's record of warnings shown): the statistics count
-    these steps (``Stats.fallbacks``)."""
-    if not _QUIET[0]:
-        _QUIET[0] = True
-        warnings.filterwarnings("ignore", message=_NO_BATCHING_RULE, category=UserWarning)
-    return torch.func.vmap(lambda *xs: call_one(sig, xs), randomness="different")(*inputs)
+    file an issue with PyTorch) is switched off for the call (functorch's own switch, back
+    on after it: a warnings filter per call would reset Python's record of warnings shown):
+    the statistics count these steps (``Stats.fallbacks``)."""
+    _FALLBACK_WARNING(False)
+    try:
+        return torch.func.vmap(lambda *xs: call_one(sig, xs), randomness="different")(*inputs)
+    finally:
+        _FALLBACK_WARNING(True)
 
 
-_NO_BATCHING_RULE = "There is a performance drop because we have not yet implemented"
-_QUIET = [False]
+_FALLBACK_WARNING = torch._C._functorch._set_vmap_fallback_warning_enabled  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def batched_loop(sig: Signature, inputs: list[Tensor], n: int) -> Any:
