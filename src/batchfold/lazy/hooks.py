@@ -118,7 +118,7 @@ def install() -> None:
         nn.Module._call_impl = _module_call  # type: ignore[method-assign]
         if nn.Module.__setattr__ is not module_setattr:  # once a process (module_state.py)
             nn.Module.__setattr__ = module_setattr  # type: ignore[method-assign]
-            note_member_swaps()
+        note_member_swaps()  # every time: a library may have put back what it saved before
         ACTIVE[0] += 1
         dispatch.patch(True)
 
