@@ -166,3 +166,18 @@ def test_a_result_computed_from_shared_tensors_is_each_instances_own(kind: str) 
         runs.append([r.detach() for inst in results for r in inst] + [layer.weight.grad])
     for g, w in zip(runs[1], runs[0], strict=True):
         torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10)
+
+
+def test_a_leaf_made_inside_and_returned_is_that_leaf() -> None:
+    """``torch.zeros(2, requires_grad=True)`` returned came back as a row of the batched
+    constants, not a leaf, and backward left its ``.grad`` empty (silently)."""
+
+    def fn(x: float) -> Any:
+        z = torch.zeros(2, requires_grad=True)
+        return z, (z * x).sum()
+
+    for results in ([fn(x) for x in (1.0, 2.0)], bf.batch_map(fn, [1.0, 2.0])):
+        torch.stack([loss for _, loss in results]).sum().backward()
+        for (z, _), x in zip(results, (1.0, 2.0), strict=True):
+            assert z.is_leaf
+            torch.testing.assert_close(z.grad, torch.full((2,), x))

@@ -265,6 +265,7 @@ class SourceMaker:
                 self.watched.append((value, version(value)))
         if value.requires_grad:  # torch.zeros(3, requires_grad=True): stacked, it keeps its grad
             rec.graph.grad_free.discard(vid)
+            self.eager[vid] = value  # returned, it is that leaf, whose .grad backward fills
         if rec.trace is not None:
             if value.requires_grad:
                 rec.trace.refuse("makes a tensor that requires grad")
