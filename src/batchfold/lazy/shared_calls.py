@@ -103,10 +103,9 @@ class SharedCalls:
         made = copies.get(id(tensor))
         if made is None:
             _, args, kwargs = self.memo[self.handed[id(tensor)][0]]
-            memory = tensor.untyped_storage().data_ptr()
-            views = any(
-                isinstance(x, Tensor) and x.untyped_storage().data_ptr() == memory
-                for x in tree_leaves((args, kwargs))
+            memory = _memory(tensor)
+            views = memory is not None and any(
+                isinstance(x, Tensor) and _memory(x) == memory for x in tree_leaves((args, kwargs))
             )
             made = copies[id(tensor)] = tensor.view_as(tensor) if views else tensor.clone()
         return made
@@ -164,6 +163,14 @@ class SharedCalls:
                     "same arguments, where eagerly each gets a tensor of its own. Write into "
                     "a copy (.clone()) or out of place."
                 )
+
+
+def _memory(tensor: Tensor) -> int | None:
+    """Where ``tensor``'s memory starts (``None`` for a tensor without storage, a sparse one)."""
+    try:
+        return tensor.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return None
 
 
 def _requires_grad(tensor: Any) -> bool:
