@@ -9,6 +9,10 @@ takes it out of the memo, so that later calls compute their own, and a write int
 handed to several calls, which eagerly would change only one of them, is refused. Writes by
 method (``p.mul_(2)``, ``p[i] = v``) come here through :meth:`SharedCalls.call`, writes by
 keyword (``F.relu(p, inplace=True)``, ``out=p``) through the recorder's ``_in_place_keyword``.
+A memoised result returned by several instances is made each one's own when results go back
+(:meth:`SharedCalls.own`). Changes eager PyTorch makes without a version bump (``p.data = x``,
+writes through ``p.data``, ``requires_grad``) are counted as writes here, and the tensors a
+memoised result was made from are kept, so that stale reads are refused (:func:`refuse_stale`).
 """
 
 from __future__ import annotations
