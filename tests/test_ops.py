@@ -278,3 +278,35 @@ def test_masked_fill_with_a_per_instance_value_batches_without_vmap(scheduler: S
     xs = [torch.randn(4).tolist() for _ in range(5)]
     stats = assert_matches_eager(fn, xs, layer, scheduler)
     assert not stats.fallbacks
+
+
+def _promoted(a: torch.dtype, b: torch.dtype) -> Callable[[Any], torch.Tensor]:
+    def fn(x: Any) -> torch.Tensor:
+        t = torch.as_tensor(x)
+        return (t * 1).to(a) + t.sum().to(b)  # a per-instance 0-d value of dtype b
+
+    return fn
+
+
+@pytest.mark.parametrize(
+    ("dims", "zero"),
+    [
+        (torch.float32, torch.complex128),  # eager: complex64
+        (torch.bfloat16, torch.complex128),  # complex64
+        (torch.int64, torch.float64),  # float64
+        (torch.complex64, torch.complex128),  # complex64
+        (torch.float32, torch.float64),  # float32
+        (torch.bool, torch.int32),  # int32
+    ],
+)
+def test_a_per_instance_0d_value_of_a_wider_category_promotes_as_eagerly(
+    dims: torch.dtype, zero: torch.dtype
+) -> None:
+    """A 0-d operand takes part in promotion by its category only; batched, it has a batch
+    dimension, so it was cast within its category alone (float32 + a complex128 0-d value
+    gave complex128, a BatchingRuleError)."""
+    xs = [torch.tensor([1.0, 2.0, 3.0]), torch.tensor([0.5, -1.0, 2.0])]
+    fn = _promoted(dims, zero)
+    for got, want in zip(bf.batch_map(fn, xs), [fn(x) for x in xs], strict=True):
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want, rtol=0, atol=0)

@@ -85,11 +85,29 @@ def zero_d_casts(sig: Signature) -> list[tuple[int, torch.dtype]]:
     common = dims[0]
     for dtype in dims[1:]:
         common = torch.promote_types(common, dtype)
-    return [
-        (i, common)
-        for i, m in enumerate(metas)
-        if not m.shape and m.dtype != common and _category(m.dtype) == _category(common)
-    ]
+    zeros = [m.dtype for m in metas if not m.shape]
+    zero = zeros[0]
+    for dtype in zeros[1:]:
+        zero = torch.promote_types(zero, dtype)
+    if _category(zero) > _category(common):  # eager: the category of the 0-d, the precision
+        common = _wider_category(common, zero)  # of the tensors with dims where it can
+    return [(i, common) for i, m in enumerate(metas) if not m.shape and m.dtype != common]
+
+
+def _wider_category(dims: torch.dtype, zero: torch.dtype) -> torch.dtype:
+    """The dtype eager promotion gives tensors with dims of ``dims`` and 0-d tensors of
+    ``zero``, a wider category (PyTorch's ``combine_categories``)."""
+    if zero.is_complex and dims in _COMPLEX_OF:
+        return _COMPLEX_OF[dims]  # float32 + complex128: complex64
+    return torch.promote_types(dims, zero)
+
+
+_COMPLEX_OF = {
+    torch.float16: torch.complex32,
+    torch.bfloat16: torch.complex64,
+    torch.float32: torch.complex64,
+    torch.float64: torch.complex128,
+}
 
 
 ROWWISE = OpRule("rowwise", batched_rowwise, cheap=True)
