@@ -310,3 +310,18 @@ def test_a_per_instance_0d_value_of_a_wider_category_promotes_as_eagerly(
     for got, want in zip(bf.batch_map(fn, xs), [fn(x) for x in xs], strict=True):
         assert got.dtype == want.dtype
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("lengths", [[2, 2], [2, 3, 0]])
+def test_cat_skips_one_dimensional_empty_tensors_as_eagerly(lengths: list[int]) -> None:
+    """``torch.cat([h, torch.zeros(0)])`` skips the empty vector eagerly; batched, it has a
+    batch dimension and a rank of two (a BatchingRuleError)."""
+    torch.manual_seed(0)
+    layer = nn.Linear(4, 4).double()
+
+    def fn(x: list[list[float]]) -> torch.Tensor:
+        h = layer(torch.tensor(x, dtype=torch.float64).reshape(-1, 4))
+        return torch.cat([torch.zeros(0, dtype=torch.float64), h, torch.tensor([], dtype=h.dtype)])
+
+    xs = [torch.randn(n, 4).tolist() for n in lengths]
+    assert_matches_eager(fn, xs, layer)

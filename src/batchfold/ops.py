@@ -351,10 +351,15 @@ def listwise(extra_rank: int) -> OpRule:
 
     def batched(sig: Signature, inputs: list[Tensor], n: int) -> Any:
         args, kwargs = sig.template
-        first = next(a for a in args[0] if type(a) is Slot)
+        items = args[0]
+        if not extra_rank:  # eager cat skips 1-d empty tensors among others: so must the batch's
+            shapes = [sig.in_metas[a.index].shape if type(a) is Slot else a.shape for a in items]
+            kept = [a for a, shape in zip(items, shapes, strict=True) if shape != (0,)]
+            items = kept if kept and any(type(a) is Slot for a in kept) else items
+        first = next(a for a in items if type(a) is Slot)
         rank = len(sig.in_metas[first.index].shape) + extra_rank
         dim = shift_dim(dim_arg(args, kwargs, 1, 0), rank)
-        parts = [inputs[a.index] if type(a) is Slot else a.expand(n, *a.shape) for a in args[0]]
+        parts = [inputs[a.index] if type(a) is Slot else a.expand(n, *a.shape) for a in items]
         return sig.func(parts, dim)
 
     return OpRule("list dim+1", batched, cheap=True, applies=_tensors_in_list)
