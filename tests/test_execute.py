@@ -354,3 +354,23 @@ def test_a_vmap_fallback_shows_no_warning_of_pytorch_about_missing_batching_rule
     assert not [w for w in caught if "batching rule" in str(w.message)]
     for x, out in zip(xs, outs, strict=True):
         torch.testing.assert_close(out, attend(x))
+
+
+def test_a_function_vmap_cannot_run_falls_back_to_one_call_per_instance() -> None:
+    """``bf.function(fn)`` batches ``fn`` with vmap; one that branches on a value or reads one
+    into Python (valid eagerly) met a BatchingRuleError, where an op without a rule of its own
+    falls back to one call per instance, counted in the statistics."""
+    layer = nn.Linear(4, 4).double()
+
+    @bf.function
+    def branching(h: torch.Tensor) -> torch.Tensor:
+        return h * 2 if h.sum() > 0 else h - 1
+
+    def fn(x: list[float]) -> torch.Tensor:
+        return branching(layer(torch.tensor(x, dtype=torch.float64)))
+
+    xs = [torch.randn(4).tolist() for _ in range(5)]
+    outs, stats = bf.batch_map(fn, xs, return_stats=True)
+    assert stats.fallbacks == {"branching (loop)": 5}
+    for x, out in zip(xs, outs, strict=True):
+        torch.testing.assert_close(out, fn(x))

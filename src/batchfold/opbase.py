@@ -35,6 +35,8 @@ class OpRule:
     # errors the rule raises about the instances' values (an index out of range), as eager
     # raises them: passed on to the user, where any other error is a bug in the rule
     user_errors: tuple[type[Exception], ...] = ()
+    # a vmap of the op (which may fail on code vmap cannot run): then once per instance
+    loops: bool = False
 
 
 RULES: dict[Any, OpRule] = {}
@@ -115,7 +117,7 @@ def batched_loop(sig: Signature, inputs: list[Tensor], n: int) -> Any:
     return torch.stack(results)
 
 
-VMAP = OpRule("vmap", batched_vmap)
+VMAP = OpRule("vmap", batched_vmap, loops=True)
 LOOP = OpRule("loop", batched_loop)
 
 

@@ -90,13 +90,13 @@ def run_ragged(
 def _call_rule(
     sig: Signature, inputs: list[Tensor], n: int, fallbacks: Fallbacks
 ) -> tuple[Tensor, ...]:
-    rule = LOOP if sig.rule is VMAP and sig in fallbacks.looped else sig.rule
+    rule = LOOP if sig.rule.loops and sig in fallbacks.looped else sig.rule
     try:
         out = rule.batched(sig, inputs, n)
     except Exception as error:
         if isinstance(error, rule.user_errors):
             raise
-        if rule is not VMAP:
+        if not rule.loops:
             raise rule_failure(sig, rule, inputs, n, error) from error
         fallbacks.looped.add(sig)  # vmap cannot batch this op: once per instance from now on
         rule = LOOP

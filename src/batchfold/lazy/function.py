@@ -23,7 +23,8 @@ class BatchedFunction:
         self.fn = fn
         self.batched = batched
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)
-        self.rule = OpRule(self.__name__, self._batched_call if batched else self._vmapped_call)
+        rule = self._batched_call if batched else self._vmapped_call
+        self.rule = OpRule(self.__name__, rule, loops=not batched)  # vmap fails: once each
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         rec = active_recorder()
