@@ -445,3 +445,19 @@ def test_setting_requires_grad_to_what_it_is_counts_as_no_change() -> None:
     xs = [[1.0, 2.0, 3.0], [0.5, -1.0, 2.0]]
     assert_matches_eager(fn, xs, head)
     assert not any(p.requires_grad for p in encoder.parameters())
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_function_that_writes_into_its_arguments_is_refused(batched: bool) -> None:
+    """Its batched call runs later: the write reached other instances' values, or none,
+    depending on the plan (silently)."""
+    doubled = bf.function(lambda h: h.mul_(2), batched=batched)
+
+    def fn(x: list[float]) -> Any:
+        h = torch.tensor(x) * 1
+        before = h + 0
+        doubled(h)
+        return before, h + 0
+
+    with pytest.raises(UnsupportedOpError, match="writes into its arguments in place"):
+        bf.batch_map(fn, [[1.0, 1.0], [2.0, 2.0]])

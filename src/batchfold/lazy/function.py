@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
+from ..errors import UnsupportedOpError
 from ..graph import Signature
 from ..ops import OpRule, fill
 from .context import active_recorder
@@ -46,8 +47,18 @@ class BatchedFunction:
         other."""
 
         def run(*args: Any, **kwargs: Any) -> Any:
+            with torch._C.DisableTorchFunction():
+                tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)]
+                versions = [t._version for t in tensors]
             out = self.eager(*args, **kwargs)
             with torch._C.DisableTorchFunction():
+                if [t._version for t in tensors] != versions:
+                    raise UnsupportedOpError(
+                        f"{self!r} writes into its arguments in place; inside batch_map its "
+                        "call runs later, batched, so the write would reach other instances' "
+                        "values or none. Make the function pure: compute and return new "
+                        "tensors (h * 2, not h.mul_(2))."
+                    )
                 seen = {
                     t.untyped_storage().data_ptr()
                     for t in tree_leaves((args, kwargs))

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ..errors import DeviceError, DtypeError, ShapeError, UnsupportedOpError
+from ..errors import BatchfoldError, DeviceError, DtypeError, ShapeError, UnsupportedOpError
 from ..graph import Slot, TensorMeta
 from ..ops import fill
 from .known_shapes import known_shape
@@ -295,7 +295,7 @@ def _run_for_shapes(
                     out = (eager or func)(
                         *fill(_copies(targs), zeros), **fill(_copies(tkwargs), zeros)
                     )
-            except (RecursionError, MemoryError):
+            except (RecursionError, MemoryError, BatchfoldError):  # ours: clear as it is
                 raise
             except _INPUT_ERRORS as error:
                 raise shape_error(name, site, in_metas, error) from error
