@@ -461,3 +461,13 @@ def test_a_function_that_writes_into_its_arguments_is_refused(batched: bool) -> 
 
     with pytest.raises(UnsupportedOpError, match="writes into its arguments in place"):
         bf.batch_map(fn, [[1.0, 1.0], [2.0, 2.0]])
+
+
+def test_a_batched_function_given_a_tensor_from_outside_is_refused() -> None:
+    """Called on one instance, a ``batched=True`` function gives every argument a batch
+    dimension, the weight's too; inside batch_map the weight came without one (here ``w[0]``
+    was its first row, not the weight: silently)."""
+    weight = nn.Parameter(torch.randn(4, 4))
+    add_first_row = bf.function(lambda h, w: h + w[0], batched=True)
+    with pytest.raises(UnsupportedOpError, match="batched=True, gets a tensor from outside"):
+        bf.batch_map(lambda x: add_first_row(torch.tensor(x), weight), [[1.0] * 4, [2.0] * 4])

@@ -72,6 +72,13 @@ class SignatureMaker:
         device = check_inputs(name, site, in_metas, (targs, tkwargs))
         shared: list[bool] = []  # a bf.function's: whether its outputs share memory
         if isinstance(func, BatchedFunction):
+            if func.batched and shared_tensors((targs, tkwargs)):
+                raise UnsupportedOpError(
+                    f"{name} at {site}, a bf.function with batched=True, gets a tensor from "
+                    "outside batch_map as an argument: inside batch_map it comes without a "
+                    "batch dimension, where the call on one instance gives every argument "
+                    "one. Reach it through the function (a closure or an nn.Module's weight)."
+                )
             rule, eager = func.rule, func.eager_for_shapes(shared)
         else:
             rule, eager = rule_for(func, targs, tkwargs, in_metas), None
