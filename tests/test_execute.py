@@ -319,10 +319,11 @@ def test_a_rule_that_returns_the_wrong_shape_is_a_batching_rule_error() -> None:
         run_op(sig, [torch.zeros(3, 2, dtype=F64)], 3, Fallbacks())
 
 
-def test_a_batched_function_of_the_wrong_shape_is_the_users_shape_error() -> None:
-    wrong = bf.function(lambda x: x.sum(0), batched=True)  # sums over the batch, not per row
+@pytest.mark.parametrize("reduce", [lambda x: x.sum(0), lambda x: x.sum()])
+def test_a_batched_function_of_the_wrong_shape_is_the_users_shape_error(reduce: Any) -> None:
+    wrong = bf.function(reduce, batched=True)  # sums over the batch, not per row (0-d: once an
     with pytest.raises(ShapeError, match=r"a bf.function with batched=True.*one row per instance"):
-        bf.batch_map(lambda x: wrong(torch.tensor(x)), [[1.0, 2.0], [3.0, 4.0]])
+        bf.batch_map(lambda x: wrong(torch.tensor(x)), [[1.0, 2.0], [3.0, 4.0]])  # IndexError)
 
 
 @pytest.mark.parametrize("mode", [0, 1])

@@ -108,7 +108,7 @@ def _call_rule(
         fallbacks.counts[f"{sig.name} ({rule.name})"] += n
     outs = tuple(out) if sig.multi else (out,)
     for tensor, meta in zip(outs, sig.out_metas, strict=True):
-        if tensor.shape[1:] != meta.shape or tensor.shape[0] != n or tensor.dtype != meta.dtype:
+        if tensor.shape != (n, *meta.shape) or tensor.dtype != meta.dtype:
             if getattr(sig.func, "batched", False):  # a user's bf.function(batched=True)
                 raise ShapeError(
                     f"{sig.name} (a bf.function with batched=True, called at {sig.site}) "
