@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 import batchfold as bf
 from batchfold.schedule import Scheduler
@@ -386,3 +388,19 @@ def test_block_diagonal_products_padded_or_by_entries_equal_eager(
         torch.testing.assert_close(g, w)
     for g, w in zip(_grads(got), _grads(want), strict=True):
         torch.testing.assert_close(g, w)
+
+
+def test_iterating_over_rows_of_an_instance_with_none_gives_nothing() -> None:
+    """Eagerly ``[f(r) for r in h]`` over 0 rows is an empty list; it was refused, as the
+    unbind of no rows returns no tensor."""
+    layer = nn.Linear(3, 3)
+
+    def fn(x: Any) -> Any:
+        return [layer(r) for r in torch.as_tensor(x)]
+
+    xs = [torch.randn(2, 3), torch.randn(0, 3), torch.randn(1, 3)]
+    got, want = bf.batch_map(fn, xs), [fn(x) for x in xs]
+    assert [len(g) for g in got] == [2, 0, 1]
+    for g, w in zip(got, want, strict=True):
+        for a, b in zip(g, w, strict=True):
+            torch.testing.assert_close(a, b)

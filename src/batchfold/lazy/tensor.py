@@ -195,6 +195,9 @@ class Lazy:
         return self._rec.call(torch.real, (self,), {})
 
     def __iter__(self):  # noqa: ANN204
+        shape = self._meta.shape
+        if shape and shape[0] == 0:  # no rows: nothing, as eagerly (unbind would give no tensor)
+            return iter(())
         return iter(self._rec.call(torch.Tensor.unbind, (self, 0), {}))
 
     def __setitem__(self, index: Any, value: Any) -> None:
