@@ -13,6 +13,7 @@ from ..graph import Signature
 from ..ops import OpRule, fill
 from .context import active_recorder
 from .lazy_trees import has_lazy
+from .sites import version
 
 Tensor = torch.Tensor
 
@@ -49,10 +50,10 @@ class BatchedFunction:
         def run(*args: Any, **kwargs: Any) -> Any:
             with torch._C.DisableTorchFunction():
                 tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)]
-                versions = [t._version for t in tensors]
+                versions = [version(t) for t in tensors]
             out = self.eager(*args, **kwargs)
             with torch._C.DisableTorchFunction():
-                if [t._version for t in tensors] != versions:
+                if [version(t) for t in tensors] != versions:
                     raise UnsupportedOpError(
                         f"{self!r} writes into its arguments in place; inside batch_map its "
                         "call runs later, batched, so the write would reach other instances' "
