@@ -471,3 +471,19 @@ def test_a_batched_function_given_a_tensor_from_outside_is_refused() -> None:
     add_first_row = bf.function(lambda h, w: h + w[0], batched=True)
     with pytest.raises(UnsupportedOpError, match="batched=True, gets a tensor from outside"):
         bf.batch_map(lambda x: add_first_row(torch.tensor(x), weight), [[1.0] * 4, [2.0] * 4])
+
+
+def test_a_module_member_set_to_a_per_instance_value_is_refused() -> None:
+    """``functional_call`` with per-instance parameters (and ``register_buffer`` of one) failed
+    with PyTorch's ``TypeError`` on the lazy value; the refusal says what to do instead."""
+    from torch.func import functional_call
+
+    layer, holder = nn.Linear(3, 2), nn.Module()
+    ones = torch.ones(3)
+    with pytest.raises(UnsupportedOpError, match="swap_tensor of Linear with a per-instance"):
+        bf.batch_map(
+            lambda x: functional_call(layer, {"weight": torch.tensor(x).view(2, 3)}, (ones,)),
+            [[1.0] * 6, [0.0] * 6],
+        )
+    with pytest.raises(UnsupportedOpError, match="register_buffer of Module with a per-instance"):
+        bf.batch_map(lambda x: holder.register_buffer("b", torch.tensor(x)), [[1.0], [2.0]])

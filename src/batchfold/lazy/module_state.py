@@ -21,6 +21,10 @@ from typing import Any
 import torch.nn.utils._named_member_accessor as _accessor
 from torch import nn
 
+from ..errors import UnsupportedOpError
+from .sites import user_site
+from .tensor import Lazy
+
 EPOCH = [0]
 """How many module attributes were set while the hooks were in place."""
 
@@ -63,6 +67,14 @@ def _noting(swap: Callable[..., Any]) -> Callable[..., Any]:
     def noted(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
         if ACTIVE[0]:
             _note(module)
+            if any(type(a) is Lazy for a in (*args, *kwargs.values())):
+                raise UnsupportedOpError(
+                    f"{swap.__name__} of {type(module).__name__} with a per-instance value "
+                    f"at {user_site()}: a module's parameters, buffers and submodules are "
+                    "shared by every instance inside batch_map (torch.func.functional_call "
+                    "with per-instance parameters cannot be batched). Pass the value to "
+                    "the module's forward, or compute with it functionally (F.linear)."
+                )
         return swap(module, *args, **kwargs)
 
     noted.__wrapped__ = swap  # type: ignore[attr-defined]
