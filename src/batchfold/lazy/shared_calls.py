@@ -57,8 +57,10 @@ class SharedCalls:
         """
         name = getattr(func, "__name__", "")
         owner = getattr(func, "__self__", None)
-        if owner is _DATA:  # t.data: see _data
-            return self._data(func, name, args, key)
+        if owner is _DATA:  # t.data, t.data = x: see _set_data
+            if name != "__get__":
+                return self._set_data(func, args)
+            func, args, kwargs = torch.Tensor.detach, args[:1], {}  # memoised as any call
         in_place = (name[-1:] == "_" and name[:1] != "_") or name in ("__set__", "__setitem__")
         if in_place or is_random(func):
             target = args[0] if in_place and args and isinstance(args[0], Tensor) else None
@@ -128,22 +130,14 @@ class SharedCalls:
         made = self.made_from
         return tuple(p for t in tensors for p in made.get(id(t), ()))
 
-    def _data(self, func: Any, name: str, args: tuple[Any, ...], key: Any) -> tuple[Any, str]:
-        """``t.data`` and ``t.data = x`` of a shared tensor. Eagerly ``t.data`` is ``t``'s
-        memory without its version counter, and ``t.data = x`` swaps the memory without a
-        bump, so a write either way would reach the ops recorded before it unseen (they run
-        later, on the new values) and leave stale results in the memo: here ``t.data`` is
-        ``t.detach()``, whose writes count as ``t``'s, and the swap bumps ``t``'s counter."""
+    def _set_data(self, func: Any, args: tuple[Any, ...]) -> tuple[Any, str]:
+        """``t.data = x`` of a shared tensor. Eagerly ``t.data`` is ``t``'s memory without its
+        version counter, and ``t.data = x`` swaps the memory without a bump, so a write either
+        way would reach the ops recorded before it unseen (they run later, on the new values)
+        and leave stale results in the memo: here ``t.data`` is ``t.detach()`` (see
+        :meth:`call`), whose writes count as ``t``'s, and the swap bumps ``t``'s counter."""
         tensor = args[0]
         with torch._C.DisableTorchFunction():
-            if name == "__get__":
-                hit = self.memo.get(key)
-                if hit is None:
-                    hit = self.memo[key] = (tensor.detach(), args, {})
-                    self.handed[id(hit[0])] = (key, 0)
-                key_of, count = self.handed[id(hit[0])]
-                self.handed[id(hit[0])] = (key_of, count + 1)
-                return hit[0], ""
             self.written(tensor, func)
             func(*args)
             _bump(tensor)
@@ -198,21 +192,24 @@ def refuse_stale(graph: Graph) -> None:
     signatures = graph.signatures
     for pool in graph.touched:  # the buffers holding pending nodes
         sig = signatures[pool]
-        for tensor, seen in sig.shared:
-            if version(tensor) != seen:
-                raise UnsupportedOpError(
-                    f"a tensor from outside batch_map ({tuple(tensor.shape)}) read by "
-                    f"{sig.name} at {sig.site} was changed in place (or through .data, or "
-                    "its requires_grad) before batch_map ran the recorded ops, so they "
-                    "would all see it as it is at the end. Change it outside the function "
-                    "given to batch_map, or out of place."
-                )
-        for tensor, seen in sig.derived:
-            if version(tensor) != seen:
-                raise UnsupportedOpError(
-                    f"a tensor from outside batch_map ({tuple(tensor.shape)}) was changed "
-                    f"in place between calls of {sig.name} (at {sig.site}), whose cached "
-                    "calls read a tensor made from it before the change: they would all "
-                    "use that. Change it outside the function given to batch_map, or mark "
-                    "the module bf.no_cache."
-                )
+        if (tensor := _changed(sig.shared)) is not None:
+            raise UnsupportedOpError(
+                f"a tensor from outside batch_map ({tuple(tensor.shape)}) read by "
+                f"{sig.name} at {sig.site} was changed in place (or through .data, or "
+                "its requires_grad) before batch_map ran the recorded ops, so they "
+                "would all see it as it is at the end. Change it outside the function "
+                "given to batch_map, or out of place."
+            )
+        if (tensor := _changed(sig.derived)) is not None:
+            raise UnsupportedOpError(
+                f"a tensor from outside batch_map ({tuple(tensor.shape)}) was changed "
+                f"in place between calls of {sig.name} (at {sig.site}), whose cached "
+                "calls read a tensor made from it before the change: they would all "
+                "use that. Change it outside the function given to batch_map, or mark "
+                "the module bf.no_cache."
+            )
+
+
+def _changed(seen: tuple[tuple[Tensor, int], ...]) -> Tensor | None:
+    """The first of these tensors whose version is no longer the one seen."""
+    return next((t for t, v in seen if version(t) != v), None)
