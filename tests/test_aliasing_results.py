@@ -10,6 +10,7 @@ import copy
 import dataclasses
 import itertools
 import types
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -198,16 +199,23 @@ def test_a_module_returning_a_view_of_any_argument_is_not_cached(chain: bool) ->
     assert stats.module_calls_cached == 0
     assert stats.module_misses == {"_ViewOfSecond: returns a view of an argument": 3}
 
-    def write(x: list[float]) -> Any:
+    with pytest.raises(UnsupportedOpError, match="view of it"):
+        bf.batch_map(_written_after_cached_calls(module), [[1.0, 2.0, 3.0, 4.0]])
+
+
+def _written_after_cached_calls(module: nn.Module) -> Callable[[list[float]], Any]:
+    """Calls ``module(a, b)`` until a cacheable call would be cached, then writes into ``b``
+    after a last call: eagerly its output sees the write where it views ``b``."""
+
+    def fn(x: list[float]) -> Any:
         b = torch.tensor(x)
         for k in range(2):
             module(torch.tensor(x), b + k)
         out = module(torch.tensor(x), b)
-        b.mul_(3)  # eagerly out sees it
+        b.mul_(3)
         return out
 
-    with pytest.raises(UnsupportedOpError, match="view of it"):
-        bf.batch_map(write, [[1.0, 2.0, 3.0, 4.0]])
+    return fn
 
 
 @pytest.mark.parametrize("scheduler", SCHEDULERS)
@@ -427,18 +435,10 @@ def test_a_module_returning_a_bf_function_view_of_an_argument_is_not_cached() ->
         def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
             return pick(a * 2, b)
 
-    module = Picks()
-
-    def fn(x: list[float]) -> Any:
-        b = torch.tensor(x)
-        for k in range(2):
-            module(torch.tensor(x), b + k)
-        out = module(torch.tensor(x), b)
-        b.mul_(3)  # eagerly out sees it
-        return out
-
     with pytest.raises(UnsupportedOpError, match="view"):
-        bf.batch_map(fn, [[1.0, 2.0, 3.0, 4.0], [0.5, 1.0, 1.5, 2.0]])
+        bf.batch_map(
+            _written_after_cached_calls(Picks()), [[1.0, 2.0, 3.0, 4.0], [0.5, 1.0, 1.5, 2.0]]
+        )
 
 
 def test_a_shallow_copy_of_a_value_that_requires_grad_is_refused() -> None:

@@ -594,12 +594,7 @@ def test_in_place_random_fills_draw_eagers_numbers() -> None:
         sample = torch.distributions.Normal(mu, 0.5, validate_args=False).rsample()
         return sample + torch.empty(2).uniform_(-2.0, 3.0)
 
-    torch.manual_seed(3)
-    want = [fn(x) for x in xs]
-    torch.manual_seed(3)
-    got = bf.batch_map(fn, xs)
-    for g, w in zip(got, want, strict=True):
-        torch.testing.assert_close(g, w)
+    got = _same_draws(fn, xs, seed=3)
     (grad,) = torch.autograd.grad(torch.stack(got).sum(), head.weight)
     assert grad.abs().sum() > 0  # the sample is differentiable in mu, as eagerly
 
@@ -625,11 +620,18 @@ def test_a_value_overwritten_in_place_keeps_requiring_grad(scheduler: str) -> No
         return h.normal_() + layer(torch.as_tensor(x))
 
     xs = [torch.randn(3) for _ in range(2)]
-    torch.manual_seed(1)
-    want = [drawn(x) for x in xs]
-    torch.manual_seed(1)
-    got = bf.batch_map(drawn, xs)
-    for g, w in zip(got, want, strict=True):
-        torch.testing.assert_close(g, w)
+    _same_draws(drawn, xs, seed=1)
     alone = bf.batch_map(lambda x: layer(torch.as_tensor(x)).normal_(), xs)
     assert all(t.requires_grad for t in alone)  # as layer(x).normal_() eagerly
+
+
+def _same_draws(fn: Any, xs: list[Any], seed: int) -> list[torch.Tensor]:
+    """``fn`` eagerly and through batch_map from the same seed: the same numbers drawn (for
+    the in-place random fills and ``rsample``, which draw at the call). The batched results."""
+    torch.manual_seed(seed)
+    want = [fn(x) for x in xs]
+    torch.manual_seed(seed)
+    got = bf.batch_map(fn, xs)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+    return got
