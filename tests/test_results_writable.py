@@ -181,3 +181,28 @@ def test_a_leaf_made_inside_and_returned_is_that_leaf() -> None:
         for (z, _), x in zip(results, (1.0, 2.0), strict=True):
             assert z.is_leaf
             torch.testing.assert_close(z.grad, torch.full((2,), x))
+
+
+def test_results_made_in_grad_mode_inside_a_no_grad_batch_map_are_written_as_eagerly() -> None:
+    """``batch_map`` under ``no_grad``, values made under ``enable_grad`` inside: they require
+    grad, are their own tensors (a layer's output and a weight's multiple alike), and a write
+    into one instance's leaves the others' and the gradients as eagerly."""
+    xs = [[1.0, 2.0, 3.0], [0.5, -1.0, 2.0]]
+    runs = []
+    for batched in (False, True):
+        torch.manual_seed(0)
+        layer = nn.Linear(3, 3)
+
+        def fn(x: list[float], layer: nn.Linear = layer) -> Any:
+            with torch.enable_grad():
+                return layer(torch.tensor(x)) * 2, layer.weight * 3, layer(torch.tensor(x)) + 0
+
+        with torch.no_grad():
+            results = bf.batch_map(fn, xs) if batched else [fn(x) for x in xs]
+            results[0][0].add_(1.0)
+            results[0][1].add_(1.0)
+        torch.stack([r.sum() for inst in results for r in inst]).sum().backward()
+        runs.append([r.detach() for inst in results for r in inst] + [layer.weight.grad])
+        assert all(r.requires_grad for inst in results for r in inst)
+    for g, w in zip(runs[1], runs[0], strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10)
