@@ -221,7 +221,13 @@ def test_checkpoints_from_before_the_schedule_options_resume_at_a_constant_rate(
     out = tmp_path / "old"
     loop.train(LinearTask(), linear_args(out, "--epochs", "2"))
     state = loop.load_checkpoint(out / "last.pt")
-    for key in ("lr_schedule", "min_lr_scale", "weight_decay"):  # as an earlier batchfold saved
+    for key in (
+        "lr_schedule",
+        "min_lr_scale",
+        "weight_decay",
+        "ema",
+        "keep",
+    ):  # as an earlier batchfold saved
         del state["config"][key]
     save_checkpoint(out / "last.pt", state)
     loop.train(LinearTask(), linear_args(out, "--epochs", "3", "--resume"))
@@ -288,3 +294,34 @@ def test_ema_averages_floating_weights_and_keeps_counts() -> None:
     assert kept["num_batches_tracked"].item() == now["num_batches_tracked"].item() == 3
     torch.testing.assert_close(kept["weight"], torch.full((3,), 0.25 * 0 + 0.25 * 2 + 0.5 * 4))
     assert not torch.equal(kept["running_mean"], now["running_mean"])
+
+
+class WorseningTask(LinearTask):
+    """:class:`LinearTask` whose dev metric falls every epoch, so that epoch 1 is the best."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dev_calls = 0
+
+    def evaluate(self, model: nn.Module, split: str) -> dict[str, float]:
+        if split != "dev":
+            return super().evaluate(model, split)
+        self.dev_calls += 1
+        return {"neg_mse": -float(self.dev_calls)}
+
+
+@pytest.mark.parametrize("keep", ["best", "last"])
+def test_keep_tests_the_best_or_the_last_epochs_weights(tmp_path: Path, keep: str) -> None:
+    args = linear_args(tmp_path, "--optimizer", "adam", "--lr", "0.1", "--keep", keep)
+    summary = loop.train(WorseningTask(), args)
+    kept = loop.load_checkpoint(tmp_path / "best.pt")
+    last = loop.load_checkpoint(tmp_path / "last.pt")
+    epoch = 1 if keep == "best" else 3
+    assert summary["best_epoch"] == kept["epoch"] == epoch
+    assert summary["dev"] == {"neg_mse": -float(epoch)}
+    same = all(torch.equal(kept["model"][k], last["model"][k]) for k in last["model"])
+    assert same == (keep == "last")
+    model = LinearTask().build_model()
+    model.load_state_dict(kept["model"])
+    with torch.no_grad():
+        assert summary["test"] == LinearTask().evaluate(model, "test")

@@ -79,6 +79,15 @@ def add_arguments(parser: argparse.ArgumentParser, task_name: str) -> None:
         "average instead of the last weights; 0 for none (default: %(default)s)",
     )
     group.add_argument(
+        "--keep",
+        choices=("best", "last"),
+        default="best",
+        help="the weights kept in best.pt and tested: those of the epoch with the best dev "
+        "metric, or those of the last epoch (no early stopping, as MoleculeNet's fixed-epoch "
+        "runs; with a schedule that ends near 0 they have converged) (default: best; for esol, "
+        "last on a random split and best on a scaffold split)",
+    )
+    group.add_argument(
         "--batch-size", type=int, default=32, help="items per batch (default: %(default)s)"
     )
     group.add_argument(

@@ -3,7 +3,8 @@
 :func:`train` runs a :class:`~batchfold.training.task.Task` for a number of epochs. After
 each epoch it evaluates on dev, appends a line to ``metrics.jsonl`` and saves ``last.pt``
 (weights, optimizer, RNG states, config), from which ``--resume`` continues exactly;
-``best.pt`` keeps the epoch with the best ``task.best_metric``. Both are written atomically
+``best.pt`` keeps the epoch with the best ``task.best_metric`` (with ``--keep last``, the last
+epoch: no early stopping). Both are written atomically
 with a checksum that is verified when they are read (:mod:`batchfold.training.checkpoint`).
 With ``--ema``, the moving average of the weights is what dev and test evaluate and what the
 checkpoints' ``model`` holds (``last.pt`` also keeps the trained weights, to resume).
@@ -257,8 +258,9 @@ def train(task: Task, args: argparse.Namespace) -> dict[str, Any]:
         with open(out / "metrics.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
         value = record["dev"][task.best_metric]
-        improved = value < best["value"] if lower else value > best["value"]
-        if improved:
+        better = value < best["value"] if lower else value > best["value"]
+        kept = better or args.keep == "last"
+        if kept:
             best = {"epoch": epoch, "value": value}
         checkpoint = {
             "model": evaluated.state_dict(),
@@ -271,11 +273,11 @@ def train(task: Task, args: argparse.Namespace) -> dict[str, Any]:
         }
         if average is not None:  # "model" holds the average; resuming needs the weights too
             checkpoint |= {"trained": model.state_dict(), "averaged_steps": int(average.n_averaged)}
-        save_checkpoints(out, checkpoint, improved)
+        save_checkpoints(out, checkpoint, kept)
         print(
             f"epoch {epoch}/{args.epochs}: train loss {record['train_loss']:.4f}, "
             f"{format_metrics('dev', record['dev'])}, {record['items_per_s']:.1f} {task.unit}/s, "
-            f"{record['seconds']:.1f} s" + (" (best)" if improved else "")
+            f"{record['seconds']:.1f} s" + (" (best)" if better and args.keep == "best" else "")
         )
         distributed.barrier(ranks)
     if not ranks.main:

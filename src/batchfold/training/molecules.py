@@ -166,6 +166,9 @@ class MoleculeTask(abc.ABC):
     """The task's default ``--epochs``."""
     lr_schedule = "constant"
     """The task's default ``--lr-schedule``."""
+    keep: str | None = "best"
+    """The task's default ``--keep``: the best dev epoch's weights, or the last epoch's
+    (``None``: the task decides once it has its options)."""
     lower_is_better = False
     unit = "molecules"
 
@@ -177,7 +180,7 @@ class MoleculeTask(abc.ABC):
             parser: the ``batchfold train <task>`` parser.
         """
         add_molecule_arguments(parser, cls.title, cls.data_help)
-        parser.set_defaults(epochs=cls.epochs, lr_schedule=cls.lr_schedule)
+        parser.set_defaults(epochs=cls.epochs, lr_schedule=cls.lr_schedule, keep=cls.keep)
 
     def __init__(self, args: argparse.Namespace, load: Callable[..., MoleculeSet]) -> None:
         self.args = args

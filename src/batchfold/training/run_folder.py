@@ -41,6 +41,7 @@ _ADDED_LATER = {
     "min_lr_scale": 0.0,
     "weight_decay": 0.0,
     "ema": 0.0,
+    "keep": "best",
 }
 # options a task gained after runs were saved, with what those runs did: random word vectors
 # and no tag dropout
