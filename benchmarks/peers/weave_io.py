@@ -214,6 +214,7 @@ def parse_train_args(description: str | None, argv: list[str] | None = None) -> 
     p.add_argument("--eval-batch-size", type=int, default=256)
     p.add_argument("--seed", type=int, default=0, help="seed of the per-epoch shuffles")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--keep", choices=("best", "last"), default="best", help="epoch tested")
     return p.parse_args(argv)
 
 
@@ -244,7 +245,8 @@ def train_to_accuracy(
     deviation; the loss is the summed squared error of the standardised targets; Adam
     (``args.lr``, no weight decay) with the rate on a cosine from ``args.lr`` at epoch 1 to 0
     at the last; the batches of :func:`shuffled_batches`. After each epoch the dev RMSE and
-    MAE (log units); the epoch of the lowest dev RMSE (the first, on a tie) is tested.
+    MAE (log units); the epoch of the lowest dev RMSE (the first, on a tie) is tested, or the
+    last epoch with ``--keep last``.
 
     Arguments:
         args: the options of :func:`parse_train_args`.
@@ -297,7 +299,7 @@ def train_to_accuracy(
         dev = evaluate("dev")
         line = {"epoch": epoch, "lr_scale": scale, "train_loss": total / len(y), "seconds": seconds}
         print(json.dumps({**line, "dev": dev}), flush=True)
-        if dev["rmse"] < best_rmse:
+        if dev["rmse"] < best_rmse or args.keep == "last":
             best_rmse, best_epoch, best_dev = dev["rmse"], epoch, dev
             best_state = copy.deepcopy(model.state_dict())
     if best_state is not None:
