@@ -311,9 +311,16 @@ class WorseningTask(LinearTask):
 
 
 @pytest.mark.parametrize("keep", ["best", "last"])
-def test_keep_tests_the_best_or_the_last_epochs_weights(tmp_path: Path, keep: str) -> None:
+def test_keep_tests_the_best_or_the_last_epochs_weights(
+    tmp_path: Path, keep: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     args = linear_args(tmp_path, "--optimizer", "adam", "--lr", "0.1", "--keep", keep)
     summary = loop.train(WorseningTask(), args)
+    printed = capsys.readouterr().out
+    assert ("last epoch 3: dev" if keep == "last" else "best epoch 1: dev") in printed
+    assert summary["keep"] == keep
+    card = "epoch (the last)" if keep == "last" else "best dev epoch"
+    assert card in (tmp_path / "report.html").read_text()
     kept = loop.load_checkpoint(tmp_path / "best.pt")
     last = loop.load_checkpoint(tmp_path / "last.pt")
     epoch = 1 if keep == "best" else 3

@@ -101,7 +101,8 @@ def _synchronize(device: torch.device) -> None:
 def print_summary(summary: dict[str, Any], unit: str) -> None:
     """Print the summary :func:`~batchfold.training.loop.train` writes to ``test.json``."""
     if summary["best_epoch"] is not None:
-        print(f"best epoch {summary['best_epoch']}: {format_metrics('dev', summary['dev'])}")
+        kept = "last epoch" if summary.get("keep") == "last" else "best epoch"
+        print(f"{kept} {summary['best_epoch']}: {format_metrics('dev', summary['dev'])}")
     print(format_metrics("test", summary["test"]))
     if summary["train_items_per_s"] is not None:
         print(f"training: {summary['train_items_per_s']:.1f} {unit}/s (mean over epochs)")

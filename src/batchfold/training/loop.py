@@ -301,7 +301,7 @@ def _finish(
     if (out / "best.pt").is_file():
         best = load_checkpoint(out / "best.pt", args.device)
         model.load_state_dict(best["model"])
-        summary.update(best_epoch=best["epoch"], dev=best["dev"])
+        summary.update(best_epoch=best["epoch"], dev=best["dev"], keep=args.keep)
     summary["test"] = evaluate(task, model, "test")
     rates = [record["items_per_s"] for record in history]
     summary["train_items_per_s"] = sum(rates) / len(rates) if rates else None

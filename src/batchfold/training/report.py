@@ -123,7 +123,8 @@ def _summary(config: dict[str, Any], summary: dict[str, Any] | None) -> str:
     cards: list[tuple[str, str]] = []
     if summary:
         if summary.get("best_epoch") is not None:
-            cards.append((str(summary["best_epoch"]), "best dev epoch"))
+            kept = "epoch (the last)" if summary.get("keep") == "last" else "best dev epoch"
+            cards.append((str(summary["best_epoch"]), kept))
         for name, value in (summary.get("test") or {}).items():
             cards.append((_number(value), f"test {name.removeprefix('test_')}"))
         unit = summary.get("unit") or "items"
