@@ -21,7 +21,9 @@ norm = torch.nn.LayerNorm(DIM).double()
 emb = torch.nn.Embedding(7, DIM).double()
 lstm = torch.nn.LSTM(DIM, 2, num_layers=2, bidirectional=True).double()
 gru = torch.nn.GRU(DIM, 2).double()
+h0 = torch.nn.Parameter(torch.randn(4, 2, dtype=torch.float64))  # an initial state, shared
 PARAMS = [
+    h0,
     *lin.parameters(),
     *out.parameters(),
     *norm.parameters(),
@@ -90,6 +92,14 @@ CASES: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], bool]] = {
     ),
     "recurrent layers on whole sequences": (
         lambda x: lstm(_h(x))[0].sum(0) + gru(_h(x))[1].sum() + lstm(_h(x))[1][1].sum(),
+        True,
+    ),
+    "recurrent layers from initial states from outside or mixed": (
+        lambda x: (
+            lstm(_h(x), (h0, torch.zeros(4, 2, dtype=torch.float64)))[0].sum(0)
+            + gru(_h(x), h0[:1])[1].sum()
+            + lstm(_h(x), (h0, _h(x).mean(0)[:2].expand(4, 2)))[1][0].sum()
+        ),
         True,
     ),
     "rows picked and summed by a per-instance index": (lambda x: _pair_sum(x), True),
@@ -404,3 +414,69 @@ def test_iterating_over_rows_of_an_instance_with_none_gives_nothing() -> None:
     for g, w in zip(got, want, strict=True):
         for a, b in zip(g, w, strict=True):
             torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize(
+    "reduce",
+    [
+        lambda x: torch.softmax(x, 0),
+        lambda x: torch.log_softmax(x, 0),
+        lambda x: torch.logsumexp(x, 0),
+        lambda x: x.amax(0),
+    ],
+    ids=["softmax", "log_softmax", "logsumexp", "amax"],
+)
+def test_reductions_over_rows_with_infinities_and_nans_give_eagers_values(
+    reduce: Callable[[torch.Tensor], torch.Tensor],
+) -> None:
+    """A column holding +inf made every entry of an eager softmax NaN, where the batched one
+    shifted by 0 and gave 0 beside the NaN (and log_softmax -inf)."""
+    inf, nan = float("inf"), float("nan")
+    xs = [  # columns: +inf among finite, all -inf, +inf and -inf, a NaN, finite
+        torch.tensor([[inf, -inf, inf, 1.0, 1.0], [1.0, -inf, -inf, nan, 2.0]]),
+        torch.tensor([[1.0, 2.0, 3.0, 4.0, 5.0], [2.0, 3.0, 4.0, 5.0, 6.0], [0, 0, 0, 0, 0]]),
+        torch.tensor([[inf, -inf, -inf, nan, -1.0]]),
+    ]
+    xs = [x.double() for x in xs]
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return reduce(torch.as_tensor(x))
+
+    for got, x in zip(bf.batch_map(fn, xs), xs, strict=True):
+        torch.testing.assert_close(got, fn(x), equal_nan=True)
+
+
+def test_a_negative_index_counts_from_the_end_in_indexing_and_is_refused_by_index_select() -> None:
+    """Eager ``x[i]`` reads row -1 as the last; ``index_select`` refuses it. The packed step
+    read it as the last row for both."""
+    xs = [torch.randn(n, 2, dtype=torch.float64) for n in (3, 5, 2)]
+
+    def indexed(x: torch.Tensor) -> torch.Tensor:
+        return _h(x)[torch.as_tensor([-1, 0])]
+
+    for got, x in zip(bf.batch_map(indexed, xs), xs, strict=True):
+        torch.testing.assert_close(got, indexed(x))
+    for select in (
+        lambda x: _h(x).index_select(0, torch.as_tensor([-1, 0])),
+        lambda x: torch.index_select(_h(x), 0, torch.as_tensor([0, -2])),
+    ):
+        with pytest.raises(IndexError):
+            select(xs[0])
+        with pytest.raises(IndexError, match="out of range"):
+            bf.batch_map(select, xs)
+
+
+def test_transposes_that_name_the_rows_by_keyword_move_them() -> None:
+    """``x.transpose(1, dim1=0)`` moves the rows; read as leaving them alone (only ``dim`` and
+    ``dim0`` were looked at), its packed step failed its shape check where the first
+    instance is square."""
+    xs = [torch.randn(n, 2, dtype=torch.float64) for n in (DIM, 5, 2, 1)]
+    fns = (
+        lambda x: _h(x).transpose(1, dim1=0).sum(-1),
+        lambda x: torch.transpose(_h(x), dim0=1, dim1=0).sum(-1),
+        lambda x: torch.swapaxes(_h(x), axis0=0, axis1=1).sum(-1),
+        lambda x: _h(x).unsqueeze(dim=-1).transpose(dim0=1, dim1=2).squeeze(dim=1),
+    )
+    for fn in fns:
+        for got, x in zip(bf.batch_map(fn, xs), xs, strict=True):
+            torch.testing.assert_close(got, fn(x))

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .graph import Signature
+from .graph import Signature, Slot
 from .opbase import call_one
 from .ops import zero_d_casts
 from .ops_views import packed_rows
@@ -90,7 +90,10 @@ def run_family(
     elif kind == "index_rows":
         assert sizes is not None
         rows, index = inputs
-        out = rows.index_select(0, packed_rows(sig, index, lengths, sizes[0], True))
+        negative = (
+            sig.func is torch.Tensor.__getitem__
+        )  # x[i] counts from the end; index_select not
+        out = rows.index_select(0, packed_rows(sig, index, lengths, sizes[0], negative))
     elif kind == "slice_rows":
         assert sizes is not None
         rows = sizes[0]
@@ -183,7 +186,12 @@ def _packed_rnn(sig: Signature, inputs: list[Tensor], lengths: np.ndarray) -> tu
     rows = torch.from_numpy(starts[order][within] + time).to(inputs[0].device)
     data = inputs[0].squeeze(1).index_select(0, rows)
     device_order = torch.from_numpy(order).to(data.device)
-    states = [h.squeeze(2).transpose(0, 1).index_select(1, device_order) for h in inputs[1:]]
+    given, states = iter(inputs[1:]), []
+    for state in args[1] if type(args[1]) in (tuple, list) else (args[1],):
+        if type(state) is Slot:  # [n, layers, 1, hidden] -> [layers, n, hidden], sorted
+            states.append(next(given).squeeze(2).transpose(0, 1).index_select(1, device_order))
+        else:  # a state from outside the function, [layers, 1, hidden]: every sequence's
+            states.append(state.expand(state.shape[0], len(lengths), *state.shape[2:]))
     hx: Any = tuple(states) if type(args[1]) in (tuple, list) else states[0]
     out, *final = sig.func(
         data, torch.from_numpy(batch_sizes), hx, args[2], *args[3:8]
@@ -234,7 +242,10 @@ def _segment_reduce(kind: str, x: Tensor, segment: Tensor, lengths: np.ndarray) 
     if kind == "amax":
         return _segment_max(x, segment, n)
     top = _segment_max(x.detach(), segment, n)
-    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    # As eager: logsumexp shifts by no infinite top (an +inf row gives +inf); softmax shifts
+    # by +inf too (every entry of that column NaN), and by 0 for a column of -inf (0 / 0)
+    infinite = ~torch.isfinite(top) if kind == "logsumexp" else top == -math.inf
+    top = torch.where(infinite, torch.zeros_like(top), top)
     shifted = x - top.index_select(0, segment)
     total = _segment_sum(shifted.exp(), segment, n)
     if kind == "logsumexp":

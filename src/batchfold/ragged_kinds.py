@@ -33,6 +33,7 @@ _REDUCE = {f: f.__name__ for f in named("sum", "mean", "amax", "logsumexp")}
 _CAT = frozenset(named("cat", "concat", "concatenate"))
 _SQUEEZE = frozenset(named("squeeze", "unsqueeze"))
 _TRANSPOSE = frozenset(named("transpose", "swapaxes"))
+_DIM_KEYWORDS = frozenset(("dim", "dim0", "dim1", "axis0", "axis1"))  # theirs, by keyword
 _UNFLATTEN = frozenset(named("unflatten"))
 _FLATTEN = frozenset(named("flatten"))
 _GETITEM = torch.Tensor.__getitem__
@@ -141,10 +142,12 @@ def _kind(
         return None
     if func in _ALONG_DIM:
         return "rows" if _along_other_dims(func, args, kwargs, rank) else None
-    dims = args[1:] if not kwargs else (*args[1:], kwargs.get("dim"), kwargs.get("dim0"))
     if func in _SQUEEZE or func in _TRANSPOSE:
+        if not _DIM_KEYWORDS.issuperset(kwargs):
+            return None
+        dims = (*args[1:], *kwargs.values())  # x.transpose(1, dim1=0) names dim 0 too
         out_rank = rank + 1 if func.__name__ == "unsqueeze" else rank
-        fine = dims and all(isinstance(d, int) and d % out_rank != 0 for d in dims if d is not None)
+        fine = dims and all(isinstance(d, int) and d % out_rank != 0 for d in dims)
         return "rows" if fine else None
     if func is _GETITEM and len(args) == 2:
         if type(args[1]) is int:  # x[-1], x[0]: the same row of every node
