@@ -179,6 +179,31 @@ def test_grad_mode_set_inside_one_instance_does_not_leak() -> None:
     assert torch.is_grad_enabled()
 
 
+def test_a_read_inside_inference_mode_leaves_it_to_that_instance() -> None:
+    """A read inside ``torch.inference_mode()`` paused with inference mode on: the batch and
+    the other instances ran in it (their results without grad), and it stayed on after
+    ``batch_map`` returned."""
+    lin = nn.Linear(2, 2).double()
+
+    def fn(n: int) -> torch.Tensor:
+        x = torch.ones(2, dtype=torch.float64) * n
+        if n % 2:
+            with torch.inference_mode():
+                v = float(lin(x).sum())  # pauses inside inference mode; others run meanwhile
+                assert torch.is_inference_mode_enabled()
+        else:
+            v = float(x.sum())
+        assert not torch.is_inference_mode_enabled()
+        return lin(x) * v
+
+    outs, want = bf.batch_map(fn, range(4)), [fn(n) for n in range(4)]
+    assert [o.requires_grad for o in outs] == [w.requires_grad for w in want] == [True] * 4
+    for o, w in zip(outs, want, strict=True):
+        torch.testing.assert_close(o, w)
+    assert not torch.is_inference_mode_enabled() and torch.is_grad_enabled()
+    assert lin(torch.ones(2, dtype=torch.float64)).requires_grad
+
+
 @pytest.mark.parametrize(
     "dtype",
     [

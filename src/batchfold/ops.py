@@ -317,8 +317,12 @@ def reduction() -> OpRule:
         args, kwargs = sig.template
         if dim_arg(args, kwargs, 1, None) is not None:
             return by_dim.batched(sig, inputs, n)
-        out = sig.func(inputs[0].reshape(n, -1), 1, **kwargs)
-        return out[0] if sig.multi is None and isinstance(out, tuple) else out  # max() -> values
+        rest = {k: v for k, v in kwargs.items() if k not in ("dim", "keepdim")}
+        out = sig.func(inputs[0].reshape(n, -1), 1, **rest)
+        out = out[0] if sig.multi is None and isinstance(out, tuple) else out  # max() -> values
+        if kwargs.get("keepdim"):  # x.argmax(keepdim=True): every dim kept, of size 1
+            out = out.reshape(n, *(1,) * len(sig.in_metas[0].shape))
+        return out
 
     def applies(
         args: tuple[Any, ...], kwargs: dict[str, Any], metas: tuple[TensorMeta, ...]
@@ -327,7 +331,7 @@ def reduction() -> OpRule:
             return False
         dim = dim_arg(args, kwargs, 1, None)
         if dim is None:
-            return len(args) == 1 and kwargs.keys() <= {"dtype"}
+            return len(args) == 1 and kwargs.keys() <= {"dtype", "dim", "keepdim"}
         # an empty list of dims reduces every dim eagerly, the batch's too here: a fallback
         return type(dim) is int or (type(dim) in (tuple, list) and bool(dim) and not has_slot(dim))
 
@@ -367,6 +371,9 @@ def listwise(extra_rank: int) -> OpRule:
 
 register(named("cat", "concat", "concatenate"), listwise(0))
 register(named("stack"), listwise(1))
+# vmap's rules for these skip eager's check of the per-instance indices (one_hot leaves a row
+# out of range all zeros; index_fill writes into another instance's row): one call each
+register(named("one_hot", "index_fill"), LOOP)
 
 
 def rule_for(

@@ -119,6 +119,14 @@ RULES[torch.Tensor.__getitem__] = OpRule(
 )
 
 
+def _regroups(args: tuple[Any, ...], kwargs: dict[str, Any], metas: Any) -> bool:
+    """A reshape of a per-instance tensor; not ``x.view(torch.int64)``, which reinterprets
+    the elements' bytes (vmap's rule batches that)."""
+    return type(args[0]) is Slot and not any(
+        isinstance(a, torch.dtype) for a in (*args[1:], *kwargs.values())
+    )
+
+
 def batched_reshape(sig: Signature, inputs: list[Tensor], n: int) -> Any:
     """Ops that only regroup elements: reshape the batch to the known output shape."""
     return inputs[0].reshape(n, *sig.out_metas[0].shape)
@@ -126,7 +134,7 @@ def batched_reshape(sig: Signature, inputs: list[Tensor], n: int) -> Any:
 
 register(
     named("reshape", "view", "flatten", "squeeze", "unsqueeze", "ravel", "view_as", "reshape_as"),
-    OpRule("reshape", batched_reshape, cheap=True, applies=lambda a, k, m: type(a[0]) is Slot),
+    OpRule("reshape", batched_reshape, cheap=True, applies=_regroups),
 )
 
 

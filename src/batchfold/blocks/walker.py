@@ -326,8 +326,8 @@ class InlineRecorder(Recorder):
     def __init__(self, graph: Graph) -> None:
         super().__init__(ragged=False, graph=graph)  # block plans hold one row per node
 
-    def wait(self, lazy: Lazy, what: str) -> None:
-        """Refuse every read of a value (``item()``, ``int()``, the tensor)."""
+    def wait(self, lazy: Lazy, what: str, pause: bool = True) -> None:
+        """Refuse every read of a value (``item()``, ``int()``, the tensor, a size)."""
         raise BlockInputError(
             f"{what} of a lazy value inside Function(..., per_instance=True): values are not "
             "computed while a block model records its inputs. Read values in code run by "

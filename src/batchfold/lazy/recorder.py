@@ -37,6 +37,7 @@ from .semantics import META_QUERIES, VIEW_NAMES
 from .shared_calls import READ, SharedCalls, refuse_stale
 from .signatures import SignatureMaker
 from .sites import func_name, user_site, version
+from .sizes import read_sizes
 from .sources import FACTORIES, SourceMaker
 from .sync import Driver
 from .tensor import Lazy
@@ -143,6 +144,7 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
 
         A call with no lazy argument runs at once (factories make per-instance constants).
         """
+        args, kwargs = read_sizes(self, func, args, kwargs)  # torch.zeros(n): n's value
         if not kwargs and self.trace is None and not self.closed:
             known = self.known(func, args)
             if known is not None:
@@ -309,9 +311,9 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
         self._check_instance_memory()
         refuse_stale(self.graph)
 
-    def read(self, lazy: Lazy, what: str) -> Tensor:
-        """``lazy``'s value: a sync point, where the instance waits for a batched run."""
-        self.wait(lazy, what)
+    def read(self, lazy: Lazy, what: str, pause: bool = True) -> Tensor:
+        """``lazy``'s value: a sync point (see :meth:`wait`)."""
+        self.wait(lazy, what, pause)
         with torch._C.DisableTorchFunction(), torch.enable_grad():  # the mode is on: pass it by
             return self.store.value(lazy._vid)
 
@@ -321,9 +323,10 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
         self.wait(lazy, what)
         return self.store.number(lazy._vid)
 
-    def wait(self, lazy: Lazy, what: str) -> None:
+    def wait(self, lazy: Lazy, what: str, pause: bool = True) -> None:
         """The sync point of a read of ``lazy`` (``what``: ``"int()"``...): until it is
-        computed, the instance pauses, or everything pending runs."""
+        computed, the instance pauses, or everything pending runs (``pause`` False: at once,
+        for a read inside a PyTorch call, which another instance must not enter meanwhile)."""
         if self.closed:
             raise LazyValueError(LAZY_AFTER_RUN.format(what=what))
         if self.running_stats.pending:  # see running_stats.py
@@ -332,10 +335,13 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
             self.trace.refuse("reads a value (a sync point)")
             self.trace = None
         if lazy._vid >> OUT_BITS >= self.graph.node_base:
-            if self.driver.in_instance:
+            if not self.driver.in_instance:
+                self.flush()
+            elif pause:
                 self.driver.pause()  # resumes once every instance waits or is done
             else:
                 self.flush()
+                self.driver.syncs += 1
 
     def _check_instance_memory(self) -> None:
         """Refuse a run after an instance's own memory that ``torch.as_tensor`` read without a

@@ -318,10 +318,16 @@ def refuse_unrecordable(
             )
     fix = _VALUE_SHAPED.get(base_name(func))
     if fix is None and base_name(func) == "repeat_interleave":
-        repeats = args[1] if len(args) > 1 else None
+        # repeat_interleave(x, repeats), by keyword too; repeat_interleave(counts) alone
+        repeats = args[1] if len(args) > 1 else kwargs.get("repeats", args[0] if args else None)
         if type(repeats) is lazy_type:
             fix = "repeat by a Python int, or read the counts first with .tolist()"
-    if fix is None and base_name(func) == "where" and len(args) == 1:
+    if fix is None and base_name(func) == "tensor_split":
+        names = ("indices", "sections", "tensor_indices_or_sections")
+        split = args[1] if len(args) > 1 else next((kwargs[k] for k in names if k in kwargs), 0)
+        if type(split) is lazy_type:
+            fix = "split at Python ints (a list, or read the tensor first with .tolist())"
+    if fix is None and base_name(func) == "where" and len(args) + len(kwargs) == 1:
         fix = "torch.where(cond, x, y) with three arguments keeps the shape"
     if fix is None and base_name(func) == "__getitem__" and len(args) == 2:
         index = args[1] if isinstance(args[1], tuple) else (args[1],)

@@ -43,7 +43,11 @@ class Driver:
     def pause(self) -> None:
         """Called by a read inside an instance: wait until the driver has run the graph."""
         grad = torch.is_grad_enabled()
-        self.main.switch(_PAUSED)
+        if torch.is_inference_mode_enabled():  # the driver and the others run outside it;
+            with torch.inference_mode(False):  # leaving restores this instance's state
+                self.main.switch(_PAUSED)
+        else:
+            self.main.switch(_PAUSED)
         _set_grad(grad)  # the driver and other instances may have changed it
 
     @property

@@ -232,7 +232,9 @@ class Lazy:
         return self._number("float()", float)
 
     def __index__(self) -> int:
-        return self._read("an index").__index__()
+        # PyTorch's argument parser calls this for a size (torch.ones(n, 2)): read at once,
+        # without pausing inside that call (see Recorder.wait)
+        return self._rec.read(self, "an index", pause=False).__index__()
 
     def new_zeros(self, *size: Any, **kwargs: Any) -> Any:
         """``torch.zeros(size)`` with this tensor's dtype and device (a per-instance constant)."""

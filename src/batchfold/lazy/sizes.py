@@ -1,0 +1,64 @@
+"""Per-instance integers given where PyTorch takes a Python int: a size, a length, a count.
+
+Eagerly, ``torch.zeros(n)``, ``x.expand(n, 4)`` or ``x.narrow(0, 0, n)`` with a 0-d integer
+tensor ``n`` read its value (``n.__index__()``) and make a tensor of that size. Recorded as
+it is, such a call would take its shape from the placeholder values that shapes are inferred
+from (a size of 0, say). :func:`read_sizes` reads those values first, a sync point as
+``int(n)`` would be, and passes the numbers on. The read runs everything recorded so far at
+once instead of pausing the instance: it happens inside a PyTorch call (the mode's callback
+or the argument parser, see ``Lazy.__index__``), where another instance must not run the
+same call meanwhile.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..opbase import named
+from .tensor import Lazy
+
+if TYPE_CHECKING:
+    from .recorder import Recorder
+
+__all__ = ["read_sizes"]
+
+_FACTORIES = ("zeros", "ones", "empty", "full", "rand", "randn", "randint", "arange", "eye")
+_FACTORIES_TOO = ("linspace", "logspace", "randperm", "tril_indices", "triu_indices")
+_SIZE_FIRST = frozenset(getattr(torch, name) for name in (*_FACTORIES, *_FACTORIES_TOO))
+"""Functions whose first argument is a size too (not a tensor operand)."""
+_SIZE_TAKERS = _SIZE_FIRST | frozenset(
+    named(
+        *("new_zeros", "new_ones", "new_empty", "new_full", "expand", "repeat", "tile"),
+        *("view", "reshape", "narrow", "unflatten", "broadcast_to", "select"),
+    )
+)
+"""Functions that read the value of a 0-d integer tensor given as a size, a length, a
+position or a count."""
+
+
+def read_sizes(
+    rec: Recorder, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``args`` and ``kwargs`` with each 0-d integer lazy value that ``func`` takes as a
+    number replaced by that number (read at once); unchanged for other functions."""
+    if func not in _SIZE_TAKERS:
+        return args, kwargs
+    first = 0 if func in _SIZE_FIRST else 1  # a method's or a view's tensor stays lazy
+    args = (*args[:first], *(_number(rec, a) for a in args[first:]))
+    return args, {k: _number(rec, v) for k, v in kwargs.items()} if kwargs else kwargs
+
+
+def _number(rec: Recorder, value: Any) -> Any:
+    """``value`` with each 0-d integer lazy value in it (or in a tuple or list) read."""
+    if type(value) is Lazy and not value.shape and _integer(value.dtype):
+        return int(rec.read(value, "a size", pause=False))
+    if type(value) in (tuple, list) and any(type(v) is Lazy for v in value):
+        numbers = [_number(rec, v) for v in value]
+        return tuple(numbers) if type(value) is tuple else numbers
+    return value
+
+
+def _integer(dtype: torch.dtype) -> bool:
+    return not (dtype.is_floating_point or dtype.is_complex or dtype is torch.bool)
