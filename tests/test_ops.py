@@ -212,6 +212,7 @@ FAMILY_CASES: list[tuple[Any, Op]] = [
     (F.batch_norm, lambda x: F.batch_norm(x, None, None, S.v, S.v * 2, True, 0.0, 1e-5)),
     (F.instance_norm, lambda x: F.instance_norm(x[None], None, None, None, None, True, 0.0, 1e-5)),
     (F.linear, lambda x: F.linear(x, S.lin.weight, S.lin.bias)),
+    (F.embedding, lambda x: S.emb(torch.tensor([1, 3, 3])) + x[0]),
     (torch.matmul, lambda x: torch.matmul(x, S.w.t())),
     (
         torch.gru_cell,

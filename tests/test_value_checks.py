@@ -148,3 +148,91 @@ def test_value_shaped_calls_by_keyword_are_refused_as_by_position(case: str) -> 
 
     with pytest.raises(bf.UnsupportedOpError, match="depends on per-instance values"):
         bf.batch_map(lambda x: make(torch.as_tensor(x)), XS)
+
+
+def test_a_per_instance_table_is_looked_up_in_that_instance_alone() -> None:
+    """vmap's embedding read a neighbour's row for an index out of a per-instance table
+    (eager raises) and gave the padding row a gradient in all but one instance."""
+    layer = torch.nn.Linear(2, 2).double()
+    tables = [torch.randn(6, 2, dtype=torch.float64) for _ in range(3)]
+
+    def fn(item: Any, padding: int | None = 2) -> torch.Tensor:
+        table, index = item
+        return F.embedding(torch.as_tensor(index), layer(torch.as_tensor(table)), padding)
+
+    items = [(t, [0, 2, 5]) for t in tables]
+    for padding in (2, -1, None):
+        got = bf.batch_map(lambda item, p=padding: fn(item, p), items)
+        want = [fn(item, padding) for item in items]
+        grads = []
+        for outs in (got, want):
+            total = sum((o * (i + 1)).sum() for i, o in enumerate(outs))
+            assert isinstance(total, torch.Tensor)
+            grads.append(torch.autograd.grad(total, list(layer.parameters())))
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w)
+        for g, w in zip(*grads, strict=True):
+            torch.testing.assert_close(g, w)
+    for bad in (6, -1):
+        wrong = [(t, [0, bad] if i == 1 else [0, 1]) for i, t in enumerate(tables)]
+        with pytest.raises(IndexError):
+            bf.batch_map(fn, wrong)
+
+
+def test_ctc_loss_takes_one_sequences_lengths_as_per_instance_tensors() -> None:
+    gen = torch.Generator().manual_seed(0)
+    items = [(torch.randn(5, 4, generator=gen), [1, 2], 5, 2), (torch.randn(5, 4), [3, 3], 4, 2)]
+
+    def fn(item: Any) -> torch.Tensor:
+        scores, target, frames, length = (torch.as_tensor(v) for v in item)
+        return F.ctc_loss(scores.log_softmax(-1), target, frames, length)
+
+    for g, item in zip(bf.batch_map(fn, items), items, strict=True):
+        torch.testing.assert_close(g, fn(item))
+
+
+@pytest.mark.parametrize("cell_type", [torch.nn.GRUCell, torch.nn.RNNCell, torch.nn.LSTMCell])
+def test_recurrent_cells_with_a_state_or_input_from_outside(cell_type: type) -> None:
+    """The cells' rule folded every input's batch into the cell's batch, a shared state's
+    too (a step-0 state made outside the function): "a bug in batchfold's rule"."""
+    torch.manual_seed(0)
+    cell = cell_type(4, 5).double()
+    h0, c0 = torch.randn(5, dtype=torch.float64), torch.randn(5, dtype=torch.float64)
+    lstm = cell_type is torch.nn.LSTMCell
+
+    def state(h: torch.Tensor) -> Any:
+        return (h, c0 if h.dim() == 1 else c0[None]) if lstm else h
+
+    cases = [
+        lambda x: cell(x, state(h0)),  # the state from outside
+        lambda x: cell(h0[:4], state(x.repeat(2)[:5])),  # the input from outside
+        lambda x: cell(x[None], state(h0[None])),  # a batch of one
+    ]
+    xs = [torch.randn(4, dtype=torch.float64) for _ in range(3)]
+    for case in cases:
+
+        def fn(x: Any, case: Any = case) -> torch.Tensor:
+            out = case(torch.as_tensor(x))
+            return torch.cat(out) if isinstance(out, tuple) else out
+
+        for g, x in zip(bf.batch_map(fn, xs), xs, strict=True):
+            torch.testing.assert_close(g, fn(x))
+
+
+def test_ops_vmap_would_run_past_autocast_run_once_each_under_it() -> None:
+    """Under autocast vmap ran conv1d and addmm without autocast's casts (float32 where eager
+    gives bfloat16: "a bug in batchfold's rule")."""
+    torch.manual_seed(0)
+    conv, weight, bias = torch.nn.Conv1d(2, 5, 3), torch.randn(3, 3), torch.randn(3)
+    xs = [torch.randn(2, 5) for _ in range(3)]
+
+    def fn(x: Any) -> torch.Tensor:
+        x = torch.as_tensor(x)
+        product = torch.addmm(bias, x[:, :3].repeat(2, 1)[:3], weight)
+        return torch.cat([conv(x[None]).flatten(), product.flatten()])
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got, want = bf.batch_map(fn, xs), [fn(x) for x in xs]
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype == torch.bfloat16
+        torch.testing.assert_close(g, w)

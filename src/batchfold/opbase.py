@@ -37,6 +37,9 @@ class OpRule:
     user_errors: tuple[type[Exception], ...] = ()
     # a vmap of the op (which may fail on code vmap cannot run): then once per instance
     loops: bool = False
+    # where ``applies`` says no: once per instance instead of vmap (whose rule for the op
+    # skips eager's checks of the values)
+    otherwise_loop: bool = False
 
 
 RULES: dict[Any, OpRule] = {}

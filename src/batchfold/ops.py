@@ -387,4 +387,4 @@ def rule_for(
         fits = rule.applies(args, kwargs, metas)
     except (IndexError, KeyError, TypeError, AttributeError):  # a call form the rule never saw
         fits = False
-    return rule if fits else VMAP
+    return rule if fits else LOOP if rule.otherwise_loop else VMAP

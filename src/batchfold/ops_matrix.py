@@ -32,8 +32,14 @@ def _only_first_slot(
 
 
 register(
-    [F.linear, F.embedding, F.layer_norm, torch.layer_norm],
+    [F.linear, F.layer_norm, torch.layer_norm],
     OpRule("leading-dims", batched_direct, applies=_only_first_slot),
+)
+# A per-instance table: one lookup each, as vmap's rule reads a neighbour's row for an index
+# out of range (eager raises) and gives the padding row a gradient in all but one instance.
+register(
+    [F.embedding],
+    OpRule("lookup", batched_direct, applies=_only_first_slot, otherwise_loop=True),
 )
 
 
@@ -184,7 +190,10 @@ def batched_rnn_cell(sig: Signature, inputs: list[Tensor], n: int) -> Any:
 def _weights_shared(
     args: tuple[Any, ...], kwargs: dict[str, Any], metas: tuple[TensorMeta, ...]
 ) -> bool:
-    return not has_slot(args[2:]) and not has_slot(kwargs)
+    """Per-instance input and state (a state from outside the function: vmap), shared weights."""
+    state = args[1] if type(args[1]) in (tuple, list) else (args[1],)
+    per_instance = type(args[0]) is Slot and all(type(h) is Slot for h in state)
+    return per_instance and not has_slot(args[2:]) and not has_slot(kwargs)
 
 
 register(

@@ -14,7 +14,7 @@ import torch
 
 from ..errors import UnsupportedOpError
 from ..graph import OUT_MASK, Graph, Signature, TensorMeta
-from ..opbase import VMAP
+from ..opbase import LOOP, VMAP
 from ..ops import rule_for
 from ..ragged import Family, join_family, member_of
 from .function import BatchedFunction
@@ -87,6 +87,8 @@ class SignatureMaker:
         )
         if isinstance(multi, WithNones):  # the node computes the tensors alone, by fallback
             func, rule = multi.drop(func), VMAP
+        if rule is VMAP and (torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda")):
+            rule = LOOP  # vmap runs some ops (conv1d, addmm) past autocast's casts: once each
         if len(outs) > OUT_MASK + 1:
             raise UnsupportedOpError(
                 f"{name} at {site} returns {len(outs)} tensors; batchfold records at most "

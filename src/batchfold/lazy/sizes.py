@@ -32,6 +32,7 @@ _SIZE_TAKERS = _SIZE_FIRST | frozenset(
     named(
         *("new_zeros", "new_ones", "new_empty", "new_full", "expand", "repeat", "tile"),
         *("view", "reshape", "narrow", "unflatten", "broadcast_to", "select"),
+        "ctc_loss",  # one sequence's input and target lengths
     )
 )
 """Functions that read the value of a 0-d integer tensor given as a size, a length, a
@@ -46,16 +47,23 @@ def read_sizes(
     if func not in _SIZE_TAKERS:
         return args, kwargs
     first = 0 if func in _SIZE_FIRST else 1  # a method's or a view's tensor stays lazy
-    args = (*args[:first], *(_number(rec, a) for a in args[first:]))
-    return args, {k: _number(rec, v) for k, v in kwargs.items()} if kwargs else kwargs
+    tensors = func in _TENSOR_SIZES
+    args = (*args[:first], *(_number(rec, a, tensors) for a in args[first:]))
+    return args, {k: _number(rec, v, tensors) for k, v in kwargs.items()} if kwargs else kwargs
 
 
-def _number(rec: Recorder, value: Any) -> Any:
-    """``value`` with each 0-d integer lazy value in it (or in a tuple or list) read."""
+_TENSOR_SIZES = frozenset(named("ctc_loss"))
+"""Functions that take their sizes as tensors (or ints): given a lazy one, its value."""
+
+
+def _number(rec: Recorder, value: Any, tensor: bool) -> Any:
+    """``value`` with each 0-d integer lazy value in it (or in a tuple or list) read, as a
+    Python int (or as its tensor)."""
     if type(value) is Lazy and not value.shape and _integer(value.dtype):
-        return int(rec.read(value, "a size", pause=False))
+        read = rec.read(value, "a size", pause=False)
+        return read.detach() if tensor else int(read)
     if type(value) in (tuple, list) and any(type(v) is Lazy for v in value):
-        numbers = [_number(rec, v) for v in value]
+        numbers = [_number(rec, v, tensor) for v in value]
         return tuple(numbers) if type(value) is tuple else numbers
     return value
 
