@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -236,3 +237,59 @@ def test_ops_vmap_would_run_past_autocast_run_once_each_under_it() -> None:
     for g, w in zip(got, want, strict=True):
         assert g.dtype == w.dtype == torch.bfloat16
         torch.testing.assert_close(g, w)
+
+
+def test_writes_through_views_as_another_dtype_of_an_items_memory_are_refused() -> None:
+    """``torch.as_tensor(x).real.mul_(2)`` changes the caller's ``x`` eagerly; it was neither
+    applied nor refused (only views of the same dtype counted as the item's memory)."""
+    xs = [torch.tensor([1 + 1j, 2 - 1j]) * (i + 1) for i in range(3)]
+    floats = [torch.tensor([1.0, 2.0]) + i for i in range(3)]
+    writes: list[tuple[Callable[[Any], Any], list[torch.Tensor]]] = [
+        (lambda x: torch.as_tensor(x).real.mul_(2), xs),
+        (lambda x: torch.as_tensor(x).imag.add_(1), xs),
+        (lambda x: torch.view_as_real(torch.as_tensor(x)).mul_(2), xs),
+        (lambda x: torch.as_tensor(x).view(torch.int32).add_(1), floats),
+    ]
+    for write, items in writes:
+        with pytest.raises(bf.UnsupportedOpError, match="instance's own tensor"):
+            bf.batch_map(lambda x, write=write: write(x).sum(), items)
+    # read, not written: as eagerly
+    got = bf.batch_map(lambda x: torch.as_tensor(x).imag * 2, xs)
+    for g, x in zip(got, xs, strict=True):
+        torch.testing.assert_close(g, x.imag * 2)
+
+
+def test_numpy_arrays_of_lazy_values_are_read_only() -> None:
+    """Eager ``t.numpy()`` shares ``t``'s memory, so a write into it changes ``t``; the array of
+    a lazy value was a copy, written unseen."""
+
+    def fn(x: Any) -> torch.Tensor:
+        t = torch.as_tensor(x) * 2
+        t.numpy()[0] = 7.0
+        return t + 1
+
+    with pytest.raises(ValueError, match="read-only"):
+        bf.batch_map(fn, XS)
+    got = bf.batch_map(lambda x: float(np.asarray(torch.as_tensor(x) * 2).sum()), XS)
+    assert got == [float((x * 2).sum()) for x in XS]
+
+
+def test_a_leaf_made_like_a_lazy_tensor_is_a_leaf_and_sparse_items_are_refused() -> None:
+    """``zeros_like(x, requires_grad=True)`` is eagerly a leaf that backward fills; it came
+    back a row of a batched value that required no grad. A sparse item crashed inside
+    PyTorch."""
+
+    def fn(x: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        leaf = torch.full_like(torch.as_tensor(x), 0.5, requires_grad=True)
+        return leaf, (leaf * torch.as_tensor(x)).sum()
+
+    for outs in (bf.batch_map(fn, XS), [fn(x) for x in XS]):
+        torch.stack([total for _, total in outs]).sum().backward()
+        for (leaf, total), x in zip(outs, XS, strict=True):
+            assert leaf.is_leaf and leaf.requires_grad and total.requires_grad
+            torch.testing.assert_close(leaf.grad, x)
+    sparse = [torch.eye(2).to_sparse() * (i + 1) for i in range(3)]
+    with pytest.raises(bf.UnsupportedOpError, match="sparse"):
+        bf.batch_map(lambda x: torch.as_tensor(x).to_dense(), sparse)
+    dense = bf.batch_map(lambda x: torch.as_tensor(x) * 2, [s.to_dense() for s in sparse])
+    assert all(torch.equal(d, s.to_dense() * 2) for d, s in zip(dense, sparse, strict=True))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -31,6 +32,7 @@ from batchfold.blocks import (
     Scalar,
     SequenceType,
     Sum,
+    Tensor,
     TensorType,
     TupleType,
     Vector,
@@ -156,3 +158,13 @@ def test_an_error_raised_while_recording_notes_the_input():
     with pytest.raises(BlockInputError) as bad:  # names its input already: no note
         model(["a"])
     assert not hasattr(bad.value, "__notes__")
+
+
+def test_an_empty_value_keeps_every_dim_of_its_type():
+    """``Tensor([0, 3])`` given ``[]`` came back ``(0,)`` (``torch.tensor([])``), ``(2, 0)``
+    for a batch of two, beside the declared ``(0, 3)``."""
+    block = Tensor([0, 3])
+    assert block.eval([]).shape == (0, 3)
+    assert block.eval(np.zeros((0, 3))).shape == (0, 3)
+    out, _ = compile(block)([[], torch.zeros(0, 3), np.zeros((0, 3))])
+    assert out.shape == (3, 0, 3) and out.dtype == torch.get_default_dtype()

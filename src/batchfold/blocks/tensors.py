@@ -81,6 +81,8 @@ class _TensorInput(Block):
 
         def walk(tape: Tape, x: Any) -> int:
             if _fits(x, shape, integral):
+                if 0 in shape:  # no values: torch.tensor([]) would drop the dims after the 0
+                    return tape.source(stack, torch.zeros(shape, dtype=t.dtype, device=tape.device))
                 return tape.source(scalar, x)
             kind = type(x)
             if kind is Lazy:
@@ -93,7 +95,7 @@ class _TensorInput(Block):
                     x = x.to(tape.device)
                 return tape.source(stack, x)
             if isinstance(x, (np.ndarray, np.generic)) and _fits(x.tolist(), shape, integral):
-                return tape.source(scalar, x.tolist())
+                return walk(tape, x.tolist())
             want = "integers" if integral else "numbers"
             raise tape.fail(block, path, f"expected {want} of shape {shape}, got {short(x, 60)}")
 

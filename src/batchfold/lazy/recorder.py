@@ -144,7 +144,7 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
 
         A call with no lazy argument runs at once (factories make per-instance constants).
         """
-        args, kwargs = read_sizes(self, func, args, kwargs)  # torch.zeros(n): n's value
+        func, args, kwargs = read_sizes(self, func, args, kwargs)  # torch.zeros(n): n's value
         if not kwargs and self.trace is None and not self.closed:
             known = self.known(func, args)
             if known is not None:

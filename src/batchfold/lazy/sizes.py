@@ -41,17 +41,27 @@ position or a count."""
 
 def read_sizes(
     rec: Recorder, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """``args`` and ``kwargs`` with each 0-d integer lazy value that ``func`` takes as a
-    number replaced by that number (read at once); unchanged for other functions."""
+) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+    """``func``, ``args`` and ``kwargs`` with each 0-d integer lazy value that ``func`` takes
+    as a number replaced by that number (read at once); unchanged for other functions. A
+    leaf made like a lazy tensor (``torch.zeros_like(h, requires_grad=True)``) becomes the
+    factory of its shape, whose leaf backward fills, as eagerly."""
+    if func in _LIKE and args and type(args[0]) is Lazy and kwargs.get("requires_grad"):
+        like = args[0]
+        made = {"dtype": like.dtype, "device": like.device, **kwargs}
+        made.pop("memory_format", None)
+        return _LIKE[func], (tuple(like.shape), *args[1:]), made
     if func not in _SIZE_TAKERS:
-        return args, kwargs
+        return func, args, kwargs
     first = 0 if func in _SIZE_FIRST else 1  # a method's or a view's tensor stays lazy
     tensors = func in _TENSOR_SIZES
     args = (*args[:first], *(_number(rec, a, tensors) for a in args[first:]))
-    return args, {k: _number(rec, v, tensors) for k, v in kwargs.items()} if kwargs else kwargs
+    kwargs = {k: _number(rec, v, tensors) for k, v in kwargs.items()} if kwargs else kwargs
+    return func, args, kwargs
 
 
+_LIKE = {getattr(torch, f"{k}_like"): getattr(torch, k) for k in _FACTORIES[:6]}
+"""``torch.zeros_like`` ... ``torch.randn_like``, and the factory each is by a shape."""
 _TENSOR_SIZES = frozenset(named("ctc_loss"))
 """Functions that take their sizes as tensors (or ints): given a lazy one, its value."""
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from ..errors import UnsupportedOpError
 from ..graph import Signature, TensorMeta
 from ..opbase import named
 from ..ops import OpRule
@@ -249,6 +250,11 @@ class SourceMaker:
         value = func(*args, **kwargs)
         if not isinstance(value, Tensor):
             return value
+        if value.layout != torch.strided:
+            raise UnsupportedOpError(
+                f"{func_name(func)} at {user_site()} makes a {value.layout} tensor: batch_map "
+                "batches dense (strided) tensors only; convert it first, x.to_dense()."
+            )
         data = args[0] if args else None
         own = _same_memory(value, data) if func in _SHARING else False
         eager = value

@@ -194,6 +194,11 @@ class Lazy:
         """The real part (the value itself, for real dtypes)."""
         return self._rec.call(torch.real, (self,), {})
 
+    @property
+    def imag(self) -> Lazy:
+        """The imaginary part (complex dtypes; eager raises for real ones)."""
+        return self._rec.call(torch.imag, (self,), {})
+
     def __iter__(self):  # noqa: ANN204
         shape = self._meta.shape
         if shape and shape[0] == 0:  # no rows: nothing, as eagerly (unbind would give no tensor)
@@ -264,15 +269,21 @@ class Lazy:
         return factory(size, **{"dtype": self.dtype, "device": self.device, **kwargs})
 
     def numpy(self) -> Any:
-        """Compute the value (a sync point) and return it as a NumPy array."""
-        return self._read("numpy()").detach().numpy()
+        """The value (a sync point) as a read-only NumPy array: eager's shares the tensor's
+        memory, and a write into it would change the tensor unseen."""
+        array = self._read("numpy()").detach().numpy()
+        array.flags.writeable = False
+        return array
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
         """``np.asarray(x)``: the value as a NumPy array (a sync point), as eagerly; without
         it NumPy would wrap the lazy object in an array of objects."""
         if copy is False:  # as NumPy answers a tensor, whose __array__ cannot promise it
             raise ValueError("Unable to avoid copy while creating an array as requested.")
-        return self._read("np.asarray()").__array__(dtype)
+        array = self._read("np.asarray()").__array__(dtype)
+        if dtype is None:  # eager's shares the tensor's memory: see numpy()
+            array.flags.writeable = False
+        return array
 
     def __format__(self, spec: str) -> str:
         """``f"{loss:.3f}"``: a 0-d value's number (a sync point), as eager PyTorch formats it."""

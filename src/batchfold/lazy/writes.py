@@ -32,6 +32,10 @@ if TYPE_CHECKING:
     from .traces import Trace
 
 
+_DTYPE_VIEWS = frozenset(("real", "imag", "view_as_real", "view_as_complex", "view"))
+"""View ops whose output may have another dtype than their input and still share its memory."""
+
+
 class InPlaceWrites:
     """The recorder's handling of in-place writes (a base class of ``Recorder``).
 
@@ -60,7 +64,7 @@ class InPlaceWrites:
         a write into one of them is refused while another is in use."""
         if type(func) is not BatchedFunction:
             if base_name(func) not in VIEWS_OF_EVERY_ARGUMENT:
-                self._mark_views(outs, args[0])
+                self._mark_views(outs, args[0], base_name(func) in _DTYPE_VIEWS)
                 return
             bases: list[Lazy] = []  # torch.einsum("ij->ji", x), torch.broadcast_tensors(x, y)
             template((args, kwargs), bases)
@@ -77,8 +81,9 @@ class InPlaceWrites:
         for k, x in related.items():
             self._views_of.setdefault(x._vid, []).extend(refs[id(o)] for o in outs if id(o) != k)
 
-    def _mark_views(self, outs: Any, base: Any) -> None:
-        """Note that ``outs`` may share memory with ``base`` and with what ``base`` views."""
+    def _mark_views(self, outs: Any, base: Any, dtype_view: bool = False) -> None:
+        """Note that ``outs`` may share memory with ``base`` and with what ``base`` views
+        (``dtype_view``: a view as another dtype, ``x.real``, ``x.view(torch.int32)``)."""
         if type(base) is not Lazy:
             return
         above = base._view
@@ -91,8 +96,9 @@ class InPlaceWrites:
         views_of.setdefault(base._vid, []).extend(refs)
         memory = self.sources.instance_memory
         if base._vid in memory:  # a view of an instance's own tensor is its memory too
-            # (a cast to another dtype, x.double(), is a copy)
-            memory.update(out._vid for out in outs if out._meta.dtype == base._meta.dtype)
+            # (a cast to another dtype, x.double(), is a copy; x.real is not)
+            same = base._meta.dtype
+            memory.update(o._vid for o in outs if dtype_view or o._meta.dtype == same)
         for ancestor in above or ():
             if (alive := ancestor()) is not None:
                 views_of.setdefault(alive._vid, []).extend(refs)
