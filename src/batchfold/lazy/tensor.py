@@ -269,11 +269,8 @@ class Lazy:
         return factory(size, **{"dtype": self.dtype, "device": self.device, **kwargs})
 
     def numpy(self) -> Any:
-        """The value (a sync point) as a read-only NumPy array: eager's shares the tensor's
-        memory, and a write into it would change the tensor unseen."""
-        array = self._read("numpy()").detach().numpy()
-        array.flags.writeable = False
-        return array
+        """The value (a sync point) as a read-only NumPy array (see ``__array__``)."""
+        return self.__array__()
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
         """``np.asarray(x)``: the value as a NumPy array (a sync point), as eagerly; without
@@ -281,7 +278,7 @@ class Lazy:
         if copy is False:  # as NumPy answers a tensor, whose __array__ cannot promise it
             raise ValueError("Unable to avoid copy while creating an array as requested.")
         array = self._read("np.asarray()").__array__(dtype)
-        if dtype is None:  # eager's shares the tensor's memory: see numpy()
+        if dtype is None:  # eager's shares the tensor's memory: a write would change it unseen
             array.flags.writeable = False
         return array
 
