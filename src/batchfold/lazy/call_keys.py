@@ -47,8 +47,10 @@ class CallKeys:
             if kind is Lazy and a._rec is self:
                 inputs.append(a._vid)
                 parts.append(a._meta)
-            elif kind is int or kind is float or kind is bool:
+            elif kind is int or kind is bool:
                 parts.append((kind, a))
+            elif kind is float:  # -0.0 == 0.0, but 1 / -0.0 is -inf: the sign counts too
+                parts.append((kind, a, a.hex()) if not a else (kind, a))
             elif kind is list or kind is tuple:
                 parts.append((kind, *self.args_key(a, inputs)))
             else:
@@ -65,6 +67,8 @@ class CallKeys:
         values = tuple(kwargs.values())
         types = tuple(map(type, values))
         if _PLAIN.issuperset(types):
+            if 0.0 in values:  # -0.0 and 0.0 compare equal; their signs differ
+                values = tuple(v.hex() if type(v) is float else v for v in values)
             return (tuple(kwargs), values, types)
         parts = []
         for name, value in kwargs.items():
@@ -72,7 +76,7 @@ class CallKeys:
             if value is None or kind is str:
                 parts.append((name, value))
             elif kind is int or kind is float or kind is bool:
-                parts.append((name, kind, value))
+                parts.append((name, *self._key(value, inputs)))
             else:
                 parts.append((name, self._key(value, inputs)))
         return tuple(parts)
@@ -95,16 +99,23 @@ class CallKeys:
                 with torch._C.DisableTorchFunction():
                     return (id(obj), version(obj))
             return (id(obj), version(obj))  # shared, by identity; the signature keeps it alive
-        if kind is int or kind is float or kind is bool:
+        if kind is int or kind is bool:
             return (kind, obj)
+        if kind is float:
+            return (kind, obj, obj.hex()) if not obj else (kind, obj)
         if kind is slice:
             return (slice, obj.start, obj.stop, obj.step)
         if kind not in _IMMUTABLE and not isinstance(obj, enum.Enum):
             self.by_identity = True  # an object that may change, or be another at that id
             if not isinstance(obj, CODE_TYPES) and kind.__hash__ in (None, object.__hash__):
                 self.mutable_object = True  # keyed by identity: its attributes may change
+        if isinstance(obj, tuple) and not any(type(i) is Lazy for i in obj):
+            return (kind, *[self._key(i, inputs) for i in obj])  # P(1, 2) == P(1.0, 2)
+        if kind is frozenset:
+            members: Any = obj
+            return (kind, frozenset(self._key(item, inputs) for item in members))
         try:
             hash(obj)
         except TypeError:
             return ("object", id(obj))
-        return obj
+        return (kind, obj)  # equal objects of two types (np.int64(1), np.float64(1)) apart

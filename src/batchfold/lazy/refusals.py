@@ -144,6 +144,12 @@ def _reseed(original: Callable[..., Any]) -> Callable[..., Any]:
 
     def reseed(*args: Any, **kwargs: Any) -> Any:
         rec = active_recorder()
+        if rec is not None and rec.driver.in_instance and name == "set_default_dtype":
+            raise UnsupportedOpError(
+                f"torch.{name}() at {user_site()} inside batch_map's function: the calls "
+                "recorded under one default dtype are replayed for instances under another. "
+                "Set it before batch_map, or give dtypes explicitly (dtype=torch.float64)."
+            )
         if rec is not None and rec.driver.in_instance:
             raise UnsupportedOpError(
                 f"torch.{name}() at {user_site()} inside batch_map's function: random ops draw "
@@ -199,15 +205,15 @@ _SEEDING = [
     (space, name, getattr(space, name))
     for space in (torch, torch.random)
     for name in ("manual_seed", "seed", "set_rng_state")
-]
+] + [(torch, "set_default_dtype", torch.set_default_dtype)]
 _RESEEDS = [(space, name, _reseed(original)) for space, name, original in _SEEDING]
 _BEFORE: dict[tuple[Any, str], Any] = {}  # what the refusing forms stand in for while on
 
 
 def patch(on: bool) -> None:
     """Put the refusing forms of ``Function.apply``, ``torch.autocast.__enter__``,
-    ``Distribution._validate_sample`` and the random generator's seeding (``torch.manual_seed``, ``torch.seed``, ``torch.set_rng_state``)
-    in place (``on``), or what was there before (PyTorch's, or a function the user put there)."""
+    ``Distribution._validate_sample``, the random generator's seeding (``torch.manual_seed``,
+    ``torch.seed``, ``torch.set_rng_state``) and ``torch.set_default_dtype`` in place (``on``), or what was there before (PyTorch's, or a function the user put there)."""
     _FUNCTION.apply = _APPLY if on else ORIGINAL_APPLY  # type: ignore[method-assign]
     _AUTOCAST.__enter__ = autocast_enter if on else ORIGINAL_ENTER  # type: ignore[method-assign]
     current = _DISTRIBUTION.__dict__["_validate_sample"]

@@ -1,0 +1,99 @@
+"""Keys of recorded calls keep apart arguments that compare equal but compute differently:
+-0.0 and 0.0, equal numbers of two types inside objects, enum members of two classes, and
+a default dtype set inside the function."""
+
+from __future__ import annotations
+
+import enum
+from collections import namedtuple
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import batchfold as bf
+
+XS = [torch.tensor([1.0, 2.0], dtype=torch.float64) * (i + 1) for i in range(4)]
+
+
+class _Branches(nn.Module):
+    """A forward whose Python branch reads its argument's type or identity."""
+
+    def forward(self, x: torch.Tensor, a: Any) -> torch.Tensor:
+        if isinstance(a, (float, np.floating)) or (isinstance(a, tuple) and type(a[0]) is float):
+            return x * 2
+        if a is _First.A:
+            return x + 1
+        if isinstance(a, frozenset) and 1.0 in a and any(type(v) is float for v in a):
+            return x - 1
+        return x * 0 - 4
+
+
+class _First(enum.IntEnum):
+    A = 1
+
+
+class _Second(enum.IntEnum):
+    B = 1
+
+
+_Pair = namedtuple("_Pair", "a b")
+
+
+def _check(fn: Any, args: list[Any]) -> None:
+    items = list(zip(XS, args, strict=True))
+    got = bf.batch_map(fn, items)
+    for g, item in zip(got, items, strict=True):
+        torch.testing.assert_close(g, fn(item))
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        [0.0, 0.0, -0.0, -0.0],
+        [np.int64(1), np.int64(1), np.float64(1.0), np.float64(1.0)],
+        [_Pair(1, 2), _Pair(1, 2), _Pair(1.0, 2), _Pair(1.0, 2)],
+        [frozenset({1}), frozenset({1}), frozenset({1.0}), frozenset({1.0})],
+        [_Second.B, _Second.B, _First.A, _First.A],
+    ],
+    ids=["signed zeros", "numpy scalars", "namedtuples", "frozensets", "int enums"],
+)
+def test_equal_arguments_that_compute_differently_are_keyed_apart(args: list[Any]) -> None:
+    """The first instances' cached call (or op) was replayed for the later ones, whose
+    arguments compare equal to the first's: ``1 / -0.0`` is ``-inf``, and the forward's
+    branch reads the type."""
+    module = _Branches()
+    _check(lambda item: module(torch.as_tensor(item[0]), item[1]), args)
+    if isinstance(args[0], float):  # an op's own signature, no module
+        _check(lambda item: torch.as_tensor(item[0]) / item[1], args)
+        _check(lambda item: torch.div(torch.as_tensor(item[0]), other=item[1]), args)
+
+
+def test_setting_the_default_dtype_inside_the_function_is_refused() -> None:
+    """Calls recorded under one default dtype were replayed for instances that set another
+    (a module's ``x * 0.5`` of integers came back float32 where eager gives float64)."""
+    halve = nn.Module()
+    halve.forward = lambda x: x * 0.5  # type: ignore[method-assign]
+    ints = [torch.tensor([3, 5]) * (i + 1) for i in range(4)]
+
+    def fn(item: tuple[torch.Tensor, bool]) -> torch.Tensor:
+        old = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64 if item[1] else torch.float32)
+        try:
+            return halve(torch.as_tensor(item[0]))
+        finally:
+            torch.set_default_dtype(old)
+
+    items = list(zip(ints, [False, False, True, True], strict=True))
+    with pytest.raises(bf.UnsupportedOpError, match="set_default_dtype"):
+        bf.batch_map(fn, items)
+    assert torch.get_default_dtype() == torch.float32
+    # set before batch_map, it holds for every instance
+    torch.set_default_dtype(torch.float64)
+    try:
+        got = bf.batch_map(lambda x: halve(torch.as_tensor(x)), ints)
+        assert all(g.dtype == torch.float64 for g in got)
+    finally:
+        torch.set_default_dtype(torch.float32)
