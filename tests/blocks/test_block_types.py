@@ -168,3 +168,16 @@ def test_an_empty_value_keeps_every_dim_of_its_type():
     assert block.eval(np.zeros((0, 3))).shape == (0, 3)
     out, _ = compile(block)([[], torch.zeros(0, 3), np.zeros((0, 3))])
     assert out.shape == (3, 0, 3) and out.dtype == torch.get_default_dtype()
+
+
+def test_an_unhashable_key_or_a_number_for_fields_names_the_block():
+    """A ``OneOf`` key that is a list and a number given to a ``Record`` met a bare
+    ``TypeError`` (unhashable; no ``len``) that named no block."""
+    second = GetItem(1) >> Scalar(F32)
+    pick = OneOf(lambda x: x[0], {"a": second, "b": second})
+    with pytest.raises(BlockInputError, match=r"OneOf.*key \['a'\] has no case"):
+        compile(pick)([("a", 1.0), (["a"], 2.0)])
+    pair = Record((Scalar(F32), Scalar(F32)))
+    with pytest.raises(BlockInputError, match=r"Record.*expected 2 fields, got 5 \(input 1\)"):
+        compile(pair)([(1.0, 2.0), 5])
+    assert pair.eval((1.0, 2.0))[1].item() == 2.0

@@ -22,6 +22,7 @@ from .types import (
     Type,
     VoidType,
     canonical,
+    short,
 )
 from .walker import Specializer, Tape, Walker
 
@@ -131,7 +132,8 @@ class Record(Block):
         known = isinstance(in_type, TupleType)  # a tuple of values: its items need no checks
 
         def fail_length(tape: Tape, x: Any) -> Exception:
-            return tape.fail(block, path, f"expected {n} fields, got {len(x)}")
+            got = f"{_length(x)}" if _length(x) >= 0 else short(x, 40)
+            return tape.fail(block, path, f"expected {n} fields, got {got}")
 
         def fail_field(tape: Tape, key: Any, error: BaseException) -> Exception:
             return tape.fail(block, path, f"cannot read field {key!r}: {error!r}")
@@ -140,7 +142,7 @@ class Record(Block):
             if known:
                 return tuple(em.value(w, em.item(x, i)) for i, w in enumerate(walkers))
             if check_len:
-                with em.indented(f"if len({em.expr(x)}) != {n}:"):
+                with em.indented(f"if {em.const(_length, 'n')}({em.expr(x)}) != {n}:"):
                     em.line(f"raise {em.const(fail_length, 'f')}(tape, {em.expr(x)})")
             return tuple(
                 em.value(w, em.read(x, key, fail_field))
@@ -148,8 +150,8 @@ class Record(Block):
             )
 
         def walk(tape: Tape, x: Any) -> tuple[Any, ...]:
-            if check_len and len(x) != n:
-                raise tape.fail(block, path, f"expected {n} fields, got {len(x)}")
+            if check_len and _length(x) != n:
+                raise fail_length(tape, x)
             result = []
             for step, key in pairs:
                 try:
@@ -277,3 +279,11 @@ __all__ = [
     "Record",
     "Void",
 ]
+
+
+def _length(x: Any) -> int:
+    """``len(x)``, or -1 for a value without one (a number given where fields are expected)."""
+    try:
+        return len(x)
+    except TypeError:
+        return -1

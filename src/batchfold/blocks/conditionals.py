@@ -86,7 +86,7 @@ class OneOf(Block):
 
         def walk(tape: Tape, x: Any) -> Any:
             key = key_fn(x)
-            case = table.get(key)
+            case = _case_of(table, key)
             if case is None:
                 raise fail(tape, key)
             return case(tape, x if pre is None else pre(tape, x))
@@ -95,7 +95,8 @@ class OneOf(Block):
 
         def emit(em: Emitter, x: Symbol) -> Symbol:
             key = em.assign(f"{em.const(key_fn, 'f')}({em.expr(x)})")
-            case, out = em.assign(f"{em.const(numbers, 'k')}.get({key})"), em.local()
+            lookup = f"{em.const(_case_of, 'c')}({em.const(numbers, 'k')}, {key})"
+            case, out = em.assign(lookup), em.local()
             for i, (_, walker) in enumerate(cases):
                 with em.indented(f"{'elif' if i else 'if'} {case} == {i}:"):
                     arg = x if pre_walker is None else em.value(pre_walker, x)
@@ -155,3 +156,11 @@ __all__ = [
     "OneOf",
     "Optional",
 ]
+
+
+def _case_of(table: Mapping[Any, Any], key: Any) -> Any:
+    """``table.get(key)``, ``None`` for an unhashable key (a list): no case, said as such."""
+    try:
+        return table.get(key)
+    except TypeError:
+        return None
