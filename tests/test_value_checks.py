@@ -293,3 +293,40 @@ def test_a_leaf_made_like_a_lazy_tensor_is_a_leaf_and_sparse_items_are_refused()
         bf.batch_map(lambda x: torch.as_tensor(x).to_dense(), sparse)
     dense = bf.batch_map(lambda x: torch.as_tensor(x) * 2, [s.to_dense() for s in sparse])
     assert all(torch.equal(d, s.to_dense() * 2) for d, s in zip(dense, sparse, strict=True))
+
+
+def test_a_size_read_inside_a_module_call_is_recorded_op_by_op_as_eager() -> None:
+    """A module whose forward reads a size from its input cannot be one cached call (the read
+    is a sync point); the read runs everything so far at once, inside the trace, and the
+    call's ops are recorded one by one: values and gradients as eager, under no_grad too."""
+    lin = torch.nn.Linear(3, 3).double()
+
+    class Pad(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            rows: Any = x[0, 0].abs().long() + 1  # a 0-d tensor where PyTorch takes an int
+            return torch.cat([lin(x), torch.zeros((rows, 3), dtype=x.dtype)])
+
+    pad = Pad()
+    gen = torch.Generator().manual_seed(3)
+    xs = [torch.randn(2, 3, dtype=torch.float64, generator=gen) * 3 for _ in range(4)]
+
+    def fn(x: Any) -> torch.Tensor:
+        rows: Any = torch.as_tensor(x)[1, 1].abs().long() + 1
+        with torch.no_grad():
+            extra = torch.as_tensor(x).new_ones(rows, 3)
+        return torch.cat([pad(torch.as_tensor(x)), extra])
+
+    got, stats = bf.batch_map(fn, xs, return_stats=True)
+    want = [fn(x) for x in xs]
+    assert stats.module_calls_cached == 0
+    grads = []
+    for outs in (got, want):
+        for g, w in zip(outs, want, strict=True):
+            assert g.shape == w.shape and g.requires_grad
+        total = sum((o * (i + 1)).sum() for i, o in enumerate(outs))
+        assert isinstance(total, torch.Tensor)
+        grads.append(torch.autograd.grad(total, list(lin.parameters())))
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+    for g, w in zip(*grads, strict=True):
+        torch.testing.assert_close(g, w)

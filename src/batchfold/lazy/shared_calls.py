@@ -192,22 +192,24 @@ def refuse_stale(graph: Graph) -> None:
     signatures = graph.signatures
     for pool in graph.touched:  # the buffers holding pending nodes
         sig = signatures[pool]
-        if (tensor := _changed(sig.shared)) is not None:
-            raise UnsupportedOpError(
-                f"a tensor from outside batch_map ({tuple(tensor.shape)}) read by "
-                f"{sig.name} at {sig.site} was changed in place (or through .data, or "
-                "its requires_grad) before batch_map ran the recorded ops, so they "
-                "would all see it as it is at the end. Change it outside the function "
-                "given to batch_map, or out of place."
-            )
-        if (tensor := _changed(sig.derived)) is not None:
-            raise UnsupportedOpError(
-                f"a tensor from outside batch_map ({tuple(tensor.shape)}) was changed "
-                f"in place between calls of {sig.name} (at {sig.site}), whose cached "
-                "calls read a tensor made from it before the change: they would all "
-                "use that. Change it outside the function given to batch_map, or mark "
-                "the module bf.no_cache."
-            )
+        for seen, why in ((sig.shared, _STALE_READ), (sig.derived, _STALE_DERIVED)):
+            if (tensor := _changed(seen)) is not None:
+                where = {"shape": tuple(tensor.shape), "name": sig.name, "site": sig.site}
+                raise UnsupportedOpError(why.format(**where))
+
+
+_STALE_READ = (
+    "a tensor from outside batch_map ({shape}) read by {name} at {site} was changed in place "
+    "(or through .data, or its requires_grad) before batch_map ran the recorded ops, so they "
+    "would all see it as it is at the end. Change it outside the function given to "
+    "batch_map, or out of place."
+)
+_STALE_DERIVED = (
+    "a tensor from outside batch_map ({shape}) was changed in place between calls of {name} "
+    "(at {site}), whose cached calls read a tensor made from it before the change: they "
+    "would all use that. Change it outside the function given to batch_map, or mark the "
+    "module bf.no_cache."
+)
 
 
 def _changed(seen: tuple[tuple[Tensor, int], ...]) -> Tensor | None:

@@ -46,6 +46,8 @@ def read_sizes(
     as a number replaced by that number (read at once); unchanged for other functions. A
     leaf made like a lazy tensor (``torch.zeros_like(h, requires_grad=True)``) becomes the
     factory of its shape, whose leaf backward fills, as eagerly."""
+    if func not in _WATCHED:  # nearly every call: one lookup
+        return func, args, kwargs
     if func in _LIKE and args and type(args[0]) is Lazy and kwargs.get("requires_grad"):
         like = args[0]
         made = {"dtype": like.dtype, "device": like.device, **kwargs}
@@ -62,6 +64,7 @@ def read_sizes(
 
 _LIKE = {getattr(torch, f"{k}_like"): getattr(torch, k) for k in _FACTORIES[:6]}
 """``torch.zeros_like`` ... ``torch.randn_like``, and the factory each is by a shape."""
+_WATCHED = _SIZE_TAKERS | frozenset(_LIKE)
 _TENSOR_SIZES = frozenset(named("ctc_loss"))
 """Functions that take their sizes as tensors (or ints): given a lazy one, its value."""
 
