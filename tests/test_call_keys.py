@@ -1,9 +1,10 @@
 """Keys of recorded calls keep apart arguments that compare equal but compute differently:
--0.0 and 0.0, equal numbers of two types inside objects, enum members of two classes, and
-a default dtype set inside the function."""
+-0.0 and 0.0, equal numbers of two types inside objects (namedtuples, frozensets, frozen
+dataclasses), enum members of two classes, and a default dtype set inside the function."""
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections import namedtuple
 from typing import Any
@@ -24,6 +25,8 @@ class _Branches(nn.Module):
     def forward(self, x: torch.Tensor, a: Any) -> torch.Tensor:
         if isinstance(a, (float, np.floating)) or (isinstance(a, tuple) and type(a[0]) is float):
             return x * 2
+        if isinstance(a, _Frozen) and type(a.a) is float:
+            return x * 3
         if a is _First.A:
             return x + 1
         if isinstance(a, frozenset) and 1.0 in a and any(type(v) is float for v in a):
@@ -42,6 +45,12 @@ class _Second(enum.IntEnum):
 _Pair = namedtuple("_Pair", "a b")
 
 
+@dataclasses.dataclass(frozen=True)
+class _Frozen:
+    a: Any
+    b: Any
+
+
 def _check(fn: Any, args: list[Any]) -> None:
     items = list(zip(XS, args, strict=True))
     got = bf.batch_map(fn, items)
@@ -57,8 +66,9 @@ def _check(fn: Any, args: list[Any]) -> None:
         [_Pair(1, 2), _Pair(1, 2), _Pair(1.0, 2), _Pair(1.0, 2)],
         [frozenset({1}), frozenset({1}), frozenset({1.0}), frozenset({1.0})],
         [_Second.B, _Second.B, _First.A, _First.A],
+        [_Frozen(1, (2,)), _Frozen(1, (2,)), _Frozen(1.0, (2,)), _Frozen(1.0, (2,))],
     ],
-    ids=["signed zeros", "numpy scalars", "namedtuples", "frozensets", "int enums"],
+    ids=["signed zeros", "numpy scalars", "namedtuples", "frozensets", "int enums", "dataclasses"],
 )
 def test_equal_arguments_that_compute_differently_are_keyed_apart(args: list[Any]) -> None:
     """The first instances' cached call (or op) was replayed for the later ones, whose

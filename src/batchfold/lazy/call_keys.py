@@ -1,13 +1,15 @@
 """How a recorded call is keyed.
 
 A call's key holds its op, each lazy argument's meta, every other argument as it is (numbers
-with their type, so that ``1``, ``1.0`` and ``True`` stay apart; tensors from outside by
-identity and version) and the grad mode. Equal keys share a signature; ``Recorder.known``
-builds the same parts for the commonest calls on its fast path.
+with their type, so that ``1``, ``1.0`` and ``True`` stay apart, also inside tuples, frozensets
+and frozen dataclasses; tensors from outside by identity and version) and the grad mode.
+Equal keys share a signature; ``Recorder.known`` builds the same parts for the commonest calls
+on its fast path.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from typing import Any
 
@@ -114,6 +116,10 @@ class CallKeys:
         if kind is frozenset:
             members: Any = obj
             return (kind, frozenset(self._key(item, inputs) for item in members))
+        if dataclasses.is_dataclass(obj) and kind.__hash__ not in (None, object.__hash__):
+            values = [getattr(obj, field.name) for field in dataclasses.fields(obj)]
+            if not any(type(v) is Lazy for v in values):  # D(1) == D(1.0): field by field
+                return (kind, *[self._key(v, inputs) for v in values])
         try:
             hash(obj)
         except TypeError:
