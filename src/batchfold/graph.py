@@ -104,6 +104,15 @@ class Graph:
         if sig.family is not None:
             pending.members.append(sig.id)
         first = node << OUT_BITS
+        if sig.grad_rule != NEEDS_GRAD or sig.int_outs:
+            self.note_grad_free(sig, inputs, first)
+        return first
+
+    def note_grad_free(
+        self, sig: Signature, inputs: list[int] | tuple[int, ...], first: int
+    ) -> None:
+        """Add the outputs of a node of ``sig`` (its first value id ``first``) reading
+        ``inputs`` that eager PyTorch gives ``requires_grad=False`` to :attr:`grad_free`."""
         rule = sig.grad_rule
         if rule == MIXED_GRAD:
             free = self.grad_free
@@ -117,7 +126,6 @@ class Graph:
                 self.grad_free.update(range(first, first + len(sig.out_metas)))
         elif sig.int_outs:
             self.grad_free.update(first + o for o in sig.int_outs)
-        return first
 
     def add_source(self, sig: Signature, instance: int, payload: Any) -> int:
         """:meth:`add` of a node with no inputs, a payload and one output that needs no

@@ -1,8 +1,8 @@
 """Confirmed traces of module calls, kept for later ``batch_map`` calls of the process.
 
 A module call of several ops confirmed in one ``batch_map`` (two traces that agree) is
-confirmed in a later one without tracing it again when the module is in the same state
-(:func:`snapshot`): the same module objects (of the same types) with the same parameter and
+confirmed in a later one by a dry trace of its first call (see :mod:`.dry_trace` and
+:func:`still_same`) when the module is in the same state (:func:`snapshot`): the same module objects (of the same types) with the same parameter and
 buffer tensors (same objects, shapes, dtypes, devices, ``requires_grad``), the same attributes
 (numbers, strings, dtypes and the like by value; functions by identity; weak references by
 their referents; lists, tuples and dicts of those item by item), no hooks, and the same default dtype and autocast state. A
@@ -16,8 +16,8 @@ op, would be stale after an optimizer step); it read no tensor's value into Pyth
 identity; and its ops draw no random numbers (a call traced in one ``batch_map`` and not in
 another draws its numbers in other steps, so a run's dropout masks would depend on what ran
 before it in the process, and a resumed run would not continue exactly). As for every cached
-call, the module must not branch on other Python state (a global, a call counter): mark
-such a module ``bf.no_cache``.
+call, the module must not branch on other Python state (a global, a call counter) that
+changes within one ``batch_map``: mark such a module ``bf.no_cache``.
 
 Kept traces live as long as their module (a weak dictionary), at most :data:`MAX_KEPT` per
 module.
@@ -33,8 +33,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..ragged import family_key, ragged_meta
 from . import graphs
 from .semantics import CODE_TYPES, is_random, own_hooks, run_context
+from .traces import same_payload
 
 Tensor = torch.Tensor
 MAX_KEPT = 256
@@ -229,6 +231,58 @@ def kept(key: Any, module: nn.Module) -> Any:
         if not unchanged(found[0], module):
             return None
     return found[1]
+
+
+def still_same(earlier: Any, found: Any) -> bool:
+    """Whether ``found``, this run's trace of a call, recorded the ops of ``earlier``, the
+    template kept for the call's key, on the same values.
+
+    A kept template is not used on the module's state alone: its forward may read what no
+    snapshot holds (a global, a class attribute, a closure), and a number read there is a
+    constant of the template. So each ``batch_map`` traces its first call of a kept key and
+    compares. The ops' signatures cannot be compared by identity: a key holds each tensor
+    from outside with its version, which an optimizer step moves. Here a tensor counts by
+    identity alone (:func:`_unversioned`), and an op on packed rows by its family's key, which
+    holds no length.
+    """
+    if (
+        len(found.ops) != len(earlier.ops)
+        or found.outputs != earlier.outputs
+        or found.handed_back != earlier.handed_back
+        or found.structure != earlier.structure
+        or getattr(found, "op_ragged", None) != getattr(earlier, "op_ragged", None)
+    ):
+        return False
+    rows = getattr(found, "op_ragged", None) or [None] * len(found.ops)
+    for (sig, refs, payload), (was, refs2, payload2), ragged in zip(
+        found.ops, earlier.ops, rows, strict=True
+    ):
+        if refs != refs2 or not same_payload(payload, payload2):
+            return False
+        if sig is not was and _op_key(sig, ragged is not None) != _op_key(was, ragged is not None):
+            return False
+    return True
+
+
+def _op_key(sig: Any, ragged: bool) -> Any:
+    """``sig``'s key with tensors by identity; an op on packed rows its family's key."""
+    shared = {id(t) for t, _ in sig.shared}
+    family = sig.family
+    if not ragged or family is None:
+        return _unversioned(sig.key, shared)
+    if sig.source is not None:
+        return (family.kind, ragged_meta(sig.out_metas[0]))
+    key = family_key(sig.key, family.ragged_in, family.square)
+    return (family.kind, family.ragged_in, _unversioned(key, shared))
+
+
+def _unversioned(part: Any, shared: set[int]) -> Any:
+    """A key with every ``(id, version)`` of a tensor in ``shared`` made ``(id,)``."""
+    if type(part) is not tuple:
+        return part
+    if len(part) == 2 and type(part[0]) is int and type(part[1]) is int and part[0] in shared:
+        return (part[0],)
+    return tuple(_unversioned(item, shared) for item in part)
 
 
 def kept_keys(module: nn.Module) -> list[Any]:

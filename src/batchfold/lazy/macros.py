@@ -22,6 +22,7 @@ from torch import nn
 
 from ..graph import OUT_BITS, Signature
 from ..ops import OpRule
+from .dry_trace import still_kept
 from .inference import template
 from .kept import keep, kept
 from .lazy_trees import build
@@ -36,7 +37,8 @@ from .ragged_keys import (
     ragged_key,
     takes_sequences,
 )
-from .ragged_macros import ALIASED, ORIGINAL_CALL, RaggedMacro, RaggedTemplate, call_ragged
+from .ragged_macros import ALIASED, ORIGINAL_CALL, RaggedMacro, call_ragged
+from .ragged_templates import RaggedTemplate
 from .refusals import refuse_uninitialized
 from .semantics import NO_CACHE, grad_mode, own_hooks
 from .sites import user_site
@@ -181,7 +183,7 @@ class ModuleCache:
         entry = self.entry_for(key, module)
         if entry.template is None and entry.reason is None:
             earlier = kept(key, module)  # confirmed by an earlier batch_map
-            if earlier is not None:
+            if earlier is not None and still_kept(self, earlier, module, (args, kwargs), inputs):
                 found = earlier.for_store(rec.store.fallbacks)
                 entry.template, entry.confirmed = found, True
                 name = type(module).__name__

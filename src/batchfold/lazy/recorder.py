@@ -28,6 +28,7 @@ from ..stats import Stats
 from . import graphs
 from .call_keys import CallKeys
 from .dispatch import ORIGINAL_TENSOR
+from .dry_trace import DryRead
 from .function import BatchedFunction
 from .lazy_trees import has_lazy, map_lazies
 from .lengths import plain_lengths
@@ -36,11 +37,12 @@ from .running_stats import NORMALISATIONS, RunningStats
 from .semantics import META_QUERIES, VIEW_NAMES
 from .shared_calls import READ, SharedCalls, refuse_stale
 from .signatures import SignatureMaker
-from .sites import func_name, user_site, version
+from .sites import func_name, user_site
 from .sizes import read_sizes
 from .sources import FACTORIES, SourceMaker
 from .sync import Driver
 from .tensor import Lazy
+from .tensor_methods import install_methods
 from .traces import Trace
 from .writes import InPlaceWrites, index_copies
 
@@ -51,6 +53,8 @@ _LEADING = ("input", "tensors", "self")  # parameter names that come first when 
 _GETTER = type(Tensor.device.__get__)  # what the mode sees for an attribute read of a tensor
 _SET_GRAD = torch._C._set_grad_enabled
 _PASS = frozenset([_SET_GRAD, Tensor.__int__, Tensor.__float__, Tensor.__bool__, Tensor.item])
+install_methods()  # once, before any Lazy is made
+
 _AS_TENSOR = frozenset([torch.as_tensor, torch.asarray])
 _AS_TENSOR_KEYWORDS = frozenset(["dtype", "device", "copy", "requires_grad"])
 
@@ -113,6 +117,7 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
         self._meta_cache: dict[int, tuple[Tensor, Tensor]] = {}
         self._views_of: dict[int, list[weakref.ref[Lazy]]] = {}  # value id -> its lazy views
         self.trace: Trace | None = None  # the module call being traced, if any
+        self.dry = False  # whether that trace records nothing (see dry_trace.py)
         self.modules = ModuleCache(self) if cache_modules else None
         self.running_stats = RunningStats()
         # set when a key holds an object by identity (a tensor, an unhashable or mutable
@@ -308,7 +313,7 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
                 self.running_stats.apply(self.store.values(vids) if vids else [])
 
     def _check_shared_versions(self) -> None:
-        self._check_instance_memory()
+        self.sources.check_memory()
         refuse_stale(self.graph)
 
     def read(self, lazy: Lazy, what: str, pause: bool = True) -> Tensor:
@@ -329,6 +334,8 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
         for a read inside a PyTorch call, which another instance must not enter meanwhile)."""
         if self.closed:
             raise LazyValueError(LAZY_AFTER_RUN.format(what=what))
+        if self.dry:  # a dry trace reads nothing (see dry_trace.py)
+            raise DryRead(what)
         if self.running_stats.pending:  # see running_stats.py
             self.running_stats.refuse_sync(what)
         if self.trace is not None:  # other instances run while this one waits: stop tracing
@@ -342,31 +349,6 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
             else:
                 self.flush()
                 self.driver.syncs += 1
-
-    def _check_instance_memory(self) -> None:
-        """Refuse a run after an instance's own memory that ``torch.as_tensor`` read without a
-        copy changed: eagerly the tensor is that memory, so what eager code computes after the
-        change sees the new values, where the value batch_map read once does not. Checked at
-        every run and before results go back, for the whole ``batch_map`` (a change after a
-        sync point would reach values the first run computed)."""
-        for tensor, seen in self.sources.watched:
-            if version(tensor) != seen:
-                raise UnsupportedOpError(
-                    f"an instance's tensor ({tuple(tensor.shape)}) read with torch.as_tensor, "
-                    "which made no copy, was changed in place inside the function: eager "
-                    "PyTorch's tensor is that memory, so ops after the change see its new "
-                    "values, where batch_map read it once. Copy it first: "
-                    "torch.as_tensor(x).clone()."
-                )
-        for array, copy in self.sources.arrays:
-            if array.tobytes() != copy.numpy().tobytes():
-                raise UnsupportedOpError(
-                    f"an instance's NumPy array ({array.shape}) read with torch.as_tensor or "
-                    "torch.asarray, whose memory eager PyTorch shares, was changed inside the "
-                    "function: eagerly, ops after the change see the new values and ops "
-                    "before it the old ones, which batch_map cannot tell apart. Copy it when "
-                    "reading it (torch.tensor(x)), or change it before."
-                )
 
     def materialize(self, results: list[Any]) -> list[Any]:
         """Replace every lazy value in a (nested) result by its tensor.
@@ -389,7 +371,7 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
         # as in flush: a value keeps the history it was made with; the mode is off for the
         # getters (t.requires_grad)
         with torch._C.DisableTorchFunction(), torch.enable_grad():
-            self._check_instance_memory()  # changed after the last run: values read before
+            self.sources.check_memory()  # changed after the last run: values read before
             pairs = zip(
                 unique, self.store.values(unique, fresh=True) if unique else [], strict=True
             )

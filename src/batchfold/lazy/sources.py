@@ -279,3 +279,28 @@ class SourceMaker:
                 rec.trace.refuse("draws random numbers in a factory")
             rec.trace.ops.append((sig, (), vid, value))
         return Lazy(rec, vid, meta)
+
+    def check_memory(self) -> None:
+        """Refuse a run after an instance's own memory that ``torch.as_tensor`` read without a
+        copy changed: eagerly the tensor is that memory, so what eager code computes after the
+        change sees the new values, where the value batch_map read once does not. Checked at
+        every run and before results go back, for the whole ``batch_map`` (a change after a
+        sync point would reach values the first run computed)."""
+        for tensor, seen in self.watched:
+            if version(tensor) != seen:
+                raise UnsupportedOpError(
+                    f"an instance's tensor ({tuple(tensor.shape)}) read with torch.as_tensor, "
+                    "which made no copy, was changed in place inside the function: eager "
+                    "PyTorch's tensor is that memory, so ops after the change see its new "
+                    "values, where batch_map read it once. Copy it first: "
+                    "torch.as_tensor(x).clone()."
+                )
+        for array, copy in self.arrays:
+            if array.tobytes() != copy.numpy().tobytes():
+                raise UnsupportedOpError(
+                    f"an instance's NumPy array ({array.shape}) read with torch.as_tensor or "
+                    "torch.asarray, whose memory eager PyTorch shares, was changed inside the "
+                    "function: eagerly, ops after the change see the new values and ops "
+                    "before it the old ones, which batch_map cannot tell apart. Copy it when "
+                    "reading it (torch.tensor(x)), or change it before."
+                )

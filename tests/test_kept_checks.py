@@ -1,0 +1,141 @@
+"""A module call kept from an earlier batch_map is checked by a dry trace in each later one.
+
+A kept template holds as constants the numbers its forward read, from the module's attributes
+(which the kept state compares) and from anywhere else: a global, a class attribute, a
+closure cell. Changed between two batch_map calls (a temperature annealed between epochs),
+such a number made the kept template replay the old value, silently.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import batchfold as bf
+from batchfold.lazy.context import active_recorder
+from batchfold.lazy.dry_trace import DRY_NODES
+from batchfold.lazy.kept import forget
+from reference import assert_matches_eager
+
+pytestmark = pytest.mark.usefixtures("float64")
+
+SCALE = 1.0  # read by Scaled.forward as a global
+FLAGS = {"sync": False, "bad": False}
+
+
+class Scaled(nn.Module):
+    """Several ops (so that the call is kept), a class attribute and a global among them."""
+
+    temperature = 1.0
+
+    def __init__(self, width: int = 4) -> None:
+        super().__init__()
+        self.lin = nn.Linear(width, width)
+
+    def forward(self, x: Any) -> Any:
+        h = torch.tanh(self.lin(x)) / self.temperature
+        if FLAGS["sync"] and float(h.detach().sum()) > 1e9:  # a sync point when switched on
+            h = h * 0
+        if FLAGS["bad"]:
+            h = h @ torch.ones(3, 3, dtype=h.dtype)  # a shape error when switched on
+        return h * SCALE + 1
+
+
+def _closure_module(factor: list[float]) -> nn.Module:
+    class Closed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x: Any) -> Any:
+            return torch.sigmoid(self.lin(x)) * factor[0] - 1
+
+    return Closed()
+
+
+def _xs(sequences: bool, seed: int) -> list[torch.Tensor]:
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    shapes = [((rng.randint(1, 6), 4) if sequences else (4,)) for _ in range(6)]
+    return [torch.randn(*shape, generator=gen) for shape in shapes]
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> Any:
+    global SCALE
+    forget()
+    yield
+    SCALE = 1.0
+    Scaled.temperature = 1.0
+    FLAGS.update(sync=False, bad=False)
+    forget()
+
+
+@pytest.mark.parametrize("sequences", [False, True])
+def test_a_global_or_class_attribute_changed_between_runs_is_read_anew(sequences: bool) -> None:
+    global SCALE
+    model = Scaled()
+    fn = lambda x: model(torch.as_tensor(x))  # noqa: E731
+    first = assert_matches_eager(fn, _xs(sequences, 0), model)
+    assert first.module_calls_cached > 0
+    again = assert_matches_eager(fn, _xs(sequences, 1), model)
+    assert again.module_calls_traced == 0  # unchanged: the kept template, checked dry
+    SCALE = 3.0
+    assert_matches_eager(fn, _xs(sequences, 2), model)  # failed before: 1.0 replayed
+    Scaled.temperature = 2.0
+    assert_matches_eager(fn, _xs(sequences, 3), model)  # failed before: 1.0 replayed
+    assert assert_matches_eager(fn, _xs(sequences, 4), model).module_calls_cached > 0
+
+
+def test_a_closure_cell_changed_between_runs_is_read_anew() -> None:
+    factor = [1.0]
+    model = _closure_module(factor)
+    fn = lambda x: model(torch.as_tensor(x))  # noqa: E731
+    assert_matches_eager(fn, _xs(False, 0), model)
+    assert_matches_eager(fn, _xs(False, 1), model)
+    factor[0] = -2.5
+    assert_matches_eager(fn, _xs(False, 2), model)
+
+
+@pytest.mark.parametrize("sequences", [False, True])
+def test_a_dry_trace_that_reads_or_raises_leaves_the_call_to_a_real_trace(
+    sequences: bool,
+) -> None:
+    model = Scaled()
+    fn = lambda x: model(torch.as_tensor(x))  # noqa: E731
+    assert_matches_eager(fn, _xs(sequences, 0), model)
+    FLAGS["sync"] = True  # now the forward reads a value: recorded op by op, as eagerly
+    stats = assert_matches_eager(fn, _xs(sequences, 1), model)
+    assert stats.syncs > 0
+    FLAGS["sync"] = False
+    assert_matches_eager(fn, _xs(sequences, 2), model)
+    FLAGS["bad"] = True  # now the forward raises: so does batch_map, naming the line
+    with pytest.raises(RuntimeError):
+        [fn(x) for x in _xs(sequences, 3)]
+    with pytest.raises(bf.ShapeError, match=r"matmul at .*test_kept_checks.py:\d+ \(in forward\)"):
+        bf.batch_map(fn, _xs(sequences, 3))
+
+
+def test_a_dry_trace_leaves_nothing_in_the_graph() -> None:
+    model = Scaled()
+    seen: list[Any] = []
+
+    def fn(x: Any) -> Any:
+        out = model(torch.as_tensor(x))
+        recorder = active_recorder()
+        assert recorder is not None
+        graph = recorder.graph
+        seen.append((graph.pending, set(graph.grad_free), set(recorder._views_of)))
+        return out
+
+    bf.batch_map(fn, _xs(False, 0))
+    seen.clear()
+    _, stats = bf.batch_map(fn, _xs(False, 1), return_stats=True)
+    assert stats.module_calls_traced == 0 and stats.module_calls_cached == len(seen)
+    assert seen[0][0] == 2  # the first call: its source and one node, no traced ops
+    for _, grad_free, views in seen:
+        assert all(v >> 16 < DRY_NODES for v in grad_free | views)
