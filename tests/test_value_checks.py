@@ -330,3 +330,22 @@ def test_a_size_read_inside_a_module_call_is_recorded_op_by_op_as_eager() -> Non
         torch.testing.assert_close(g, w)
     for g, w in zip(*grads, strict=True):
         torch.testing.assert_close(g, w)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "number", "error"), [(torch.int8, 300, RuntimeError), (None, 2**64, ValueError)]
+)
+def test_a_number_out_of_its_dtypes_range_raises_eagers_error_naming_the_line(
+    dtype: torch.dtype | None, number: int, error: type[Exception]
+) -> None:
+    """The batch's numbers are converted at once: the error came without the line or value."""
+    fn = lambda x: torch.tensor(x, dtype=dtype) * 2  # noqa: E731
+    with pytest.raises(error) as eager:
+        [fn(x) for x in [1, number]]
+    with pytest.raises(error) as batched:
+        bf.batch_map(fn, [1, number])
+    assert str(batched.value) == str(eager.value)
+    assert any(
+        "test_value_checks.py" in note and repr(number) in note
+        for note in getattr(batched.value, "__notes__", [])
+    )

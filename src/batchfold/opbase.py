@@ -40,6 +40,9 @@ class OpRule:
     # where ``applies`` says no: once per instance instead of vmap (whose rule for the op
     # skips eager's checks of the values)
     otherwise_loop: bool = False
+    # ``batched`` is the user's own code (a blocks ``Function``): an output of the wrong type
+    # is theirs to fix, not a bug in a rule
+    user: bool = False
 
 
 RULES: dict[Any, OpRule] = {}

@@ -47,8 +47,21 @@ def sources_batch(sig: Signature, payloads: list[Any], lengths: np.ndarray | Non
             return torch.cat([p.reshape(p.shape[0] * p.shape[1], *p.shape[2:]) for p in payloads])
         return torch.cat(payloads)
     if sig.source == "scalar":
-        return _TENSOR(payloads, dtype=meta.dtype, device=meta.device)
+        try:
+            return _TENSOR(payloads, dtype=meta.dtype, device=meta.device)
+        except (RuntimeError, ValueError, OverflowError) as error:  # as eager's, with where
+            bad = next((p for p in payloads if not _converts(p, meta.dtype)), None)
+            add_note(error, f"raised by {sig.name} (recorded at {sig.site}) for {bad!r}")
+            raise
     return torch.stack(payloads)  # "tensor" and "constant"
+
+
+def _converts(number: Any, dtype: torch.dtype) -> bool:
+    try:
+        _TENSOR(number, dtype=dtype)
+    except (RuntimeError, ValueError, OverflowError):
+        return False
+    return True
 
 
 def run_op(
@@ -114,6 +127,13 @@ def _call_rule(
                     f"{sig.name} (a bf.function with batched=True, called at {sig.site}) "
                     f"returned {tensor.dtype} {tuple(tensor.shape)} for a batch of {n}; "
                     f"expected {meta.dtype} {(n, *meta.shape)}, one row per instance"
+                )
+            if rule.user:
+                raise ShapeError(
+                    f"{sig.name} (a Function block at {sig.site}) returned {tensor.dtype} "
+                    f"{tuple(tensor.shape)} for a batch of {n}; expected {meta.dtype} "
+                    f"{(n, *meta.shape)}, the output type it was declared (out_type) or first "
+                    "found to have: a Function's output keeps one type for every batch"
                 )
             raise BatchingRuleError(
                 f"batching rule {rule.name} of {sig.name} (recorded at {sig.site}) "

@@ -9,12 +9,14 @@ import numpy as np
 import pytest
 import torch
 
+from batchfold import ShapeError
 from batchfold.blocks import (
     FC,
     RNN,
     AllOf,
     BlockInputError,
     BlockTypeError,
+    Broadcast,
     BroadcastSequenceType,
     Concat,
     Embedding,
@@ -26,6 +28,7 @@ from batchfold.blocks import (
     InputTransform,
     Map,
     Metric,
+    OneHotFromList,
     OneOf,
     PyObjectType,
     Record,
@@ -38,6 +41,7 @@ from batchfold.blocks import (
     Vector,
     VoidType,
     Zeros,
+    Zip,
     compile,
 )
 from batchfold.blocks.types import canonical
@@ -181,3 +185,42 @@ def test_an_unhashable_key_or_a_number_for_fields_names_the_block():
     with pytest.raises(BlockInputError, match=r"Record.*expected 2 fields, got 5 \(input 1\)"):
         compile(pair)([(1.0, 2.0), 5])
     assert pair.eval((1.0, 2.0))[1].item() == 2.0
+
+
+@pytest.mark.parametrize(
+    ("block", "batch"),
+    [
+        (Map(Scalar("int8")) >> Sum(), [[1], [1, 300]]),
+        (Scalar("int64"), [1, 2**64]),
+        (Tensor([2], "uint8"), [[1, 2], [3, -1]]),
+    ],
+)
+def test_an_integer_out_of_its_dtypes_range_names_the_block(block: Any, batch: list[Any]) -> None:
+    """It met PyTorch's bare overflow error when the batch's numbers were converted."""
+    with pytest.raises(
+        BlockInputError, match=r"expected integers in \[.*\] \(u?int\d+\).*\(input 1\)"
+    ):
+        compile(block)(batch)
+    out, _ = compile(block)(batch[:1])
+    assert out.dtype == block.output_type().dtype  # in range: as before
+
+
+def test_unhashable_elements_bad_zips_and_a_wrong_declared_output_name_the_block() -> None:
+    """A bare TypeError (unhashable; not iterable), a ValueError from ``min()`` and a
+    "bug in batchfold's rule" named no block, or the wrong one."""
+    with pytest.raises(BlockInputError, match=r"OneHotFromList.*expected an element, got \['b'\]"):
+        compile(OneHotFromList(["a", "b"], strict=False))(["a", ["b"]])
+    add = Map(Record((Scalar(F32), Scalar(F32))) >> Function(torch.add)) >> Sum()
+    with pytest.raises(
+        BlockInputError, match=r"Zip\(\) at .*expected a sequence, got 5 \(input 1\)"
+    ):
+        compile(Zip() >> add)([([1.0], [2.0]), (5, [1.0])])
+    both = Record((Broadcast(), Broadcast())) >> Zip() >> add
+    with pytest.raises(BlockInputError, match=r"Zip\(\) at .*not a Broadcast \(input 0\)"):
+        compile(both)([(1.0, 2.0)])
+    out, _ = compile(Zip() >> add)([([1.0, 2.0], [3.0, 4.0, 5.0])])
+    assert out.tolist() == [10.0]
+    declared = TensorType((2,), F32)
+    first = Vector(2) >> Function(lambda x: x[:, :1], out_type=declared, name="first")
+    with pytest.raises(ShapeError, match=r"first \(a Function block at model\[1\]\) returned"):
+        compile(first)([[1.0, 2.0]])

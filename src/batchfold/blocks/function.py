@@ -132,7 +132,7 @@ class Function(Block):
             result = fn(*fill(args, inputs))
             return tuple(tree_leaves(result)) if multi else result
 
-        rule = OpRule(self.name, batched)
+        rule = OpRule(self.name, batched, user=True)
         spec = ctx.spec(
             OpSpec(self.name, path, tuple(ins), tuple(outs), rule, fn, (args, {}), multi),
             share=("function", fn, in_type, out),

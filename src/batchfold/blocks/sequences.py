@@ -61,23 +61,32 @@ class Zip(Block):
     """
 
     def _specialize(self, in_type: Type, ctx: Specializer, path: str) -> Walker:
+        block = self
+
+        def walk(tape: Tape, x: Any) -> list[tuple[Any, ...]]:
+            parts = sequence_items(tape, block, path, x)
+            seqs: list[Any] = [
+                s if type(s) is Repeat else sequence_items(tape, block, path, s) for s in parts
+            ]
+            finite = [len(s) for s in seqs if type(s) is not Repeat]
+            if not finite:
+                raise tape.fail(
+                    block, path, "expected at least one sequence that is not a Broadcast"
+                )
+            n = min(finite)
+            return [tuple([s.value if type(s) is Repeat else s[i] for s in seqs]) for i in range(n)]
+
         if isinstance(in_type, PyObjectType):
-            return Walker(in_type, _zip_walk)
+            return Walker(in_type, walk)
         if not isinstance(in_type, TupleType) or not in_type.items:
             raise BlockTypeError(self, path, "a tuple of sequences", in_type)
         elems = [element_type(self, t, path, finite=False) for t in in_type.items]
         if all(repeat for _, repeat in elems):
             raise BlockTypeError(self, path, "at least one finite sequence", in_type)
-        return Walker(canonical(SequenceType(TupleType(*[e for e, _ in elems]))), _zip_walk)
+        return Walker(canonical(SequenceType(TupleType(*[e for e, _ in elems]))), walk)
 
     def __repr__(self) -> str:
         return "Zip()"
-
-
-def _zip_walk(tape: Tape, x: Any) -> list[tuple[Any, ...]]:
-    seqs: list[Any] = [s if type(s) is Repeat else _as_list(s) for s in x]
-    n = min([len(s) for s in seqs if type(s) is not Repeat])
-    return [tuple([s.value if type(s) is Repeat else s[i] for s in seqs]) for i in range(n)]
 
 
 class ZipWith(Block):

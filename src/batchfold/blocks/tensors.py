@@ -48,17 +48,30 @@ def as_dtype(dtype: torch.dtype | str | None) -> torch.dtype:
     return dtype
 
 
-def _fits(x: Any, shape: tuple[int, ...], integral: bool) -> bool:
-    """Whether nested lists ``x`` hold Python numbers in exactly ``shape``."""
+def _fits(x: Any, shape: tuple[int, ...], integral: bool, span: range | None = None) -> bool:
+    """Whether nested lists ``x`` hold Python numbers in exactly ``shape`` (integers in
+    ``span``, when given: the range of an integer dtype)."""
     if not shape:
         kind = type(x)
-        return kind is int or kind is bool or (kind is float and not integral)
+        if kind is int:
+            return span is None or x in span
+        return kind is bool or (kind is float and not integral)
     if type(x) not in (list, tuple) or len(x) != shape[0]:
         return False
     if len(shape) == 1:
         kinds = (int, bool) if integral else _NUMBERS
-        return all(type(v) in kinds for v in x)
-    return all(_fits(item, shape[1:], integral) for item in x)
+        if not all(type(v) in kinds for v in x):
+            return False
+        return span is None or all(v in span for v in x if type(v) is int)
+    return all(_fits(item, shape[1:], integral, span) for item in x)
+
+
+def _span(dtype: torch.dtype) -> range | None:
+    """The integers a dtype holds (``None``: any, as floats and bool take every int)."""
+    if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+        return None
+    info = torch.iinfo(dtype)
+    return range(info.min, info.max + 1)
 
 
 class _TensorInput(Block):
@@ -77,10 +90,10 @@ class _TensorInput(Block):
         scalar = ctx.spec(OpSpec(f"input{list(t.shape)}", path, (), (t,), source="scalar"))
         stack = ctx.spec(OpSpec(f"input{list(t.shape)}", path, (), (t,), source="tensor"))
         integral = not (t.dtype.is_floating_point or t.dtype.is_complex)
-        shape, block = t.shape, self
+        shape, block, span = t.shape, self, _span(t.dtype)
 
         def walk(tape: Tape, x: Any) -> int:
-            if _fits(x, shape, integral):
+            if _fits(x, shape, integral, span):
                 if 0 in shape:  # no values: torch.tensor([]) would drop the dims after the 0
                     return tape.source(stack, torch.zeros(shape, dtype=t.dtype, device=tape.device))
                 return tape.source(scalar, x)
@@ -94,9 +107,13 @@ class _TensorInput(Block):
                 if tape.lazy and x.device != tape.device:
                     x = x.to(tape.device)
                 return tape.source(stack, x)
-            if isinstance(x, (np.ndarray, np.generic)) and _fits(x.tolist(), shape, integral):
+            if isinstance(x, (np.ndarray, np.generic)) and _fits(x.tolist(), shape, integral, span):
                 return walk(tape, x.tolist())
             want = "integers" if integral else "numbers"
+            if span is not None and _fits(x, shape, integral):  # out of the dtype's range
+                want += (
+                    f" in [{span.start}, {span.stop - 1}] ({str(t.dtype).removeprefix('torch.')})"
+                )
             raise tape.fail(block, path, f"expected {want} of shape {shape}, got {short(x, 60)}")
 
         if shape:
@@ -105,7 +122,10 @@ class _TensorInput(Block):
 
         def emit(em: Emitter, x: Symbol) -> Symbol:  # a Python number inline, the rest by walk
             value, out = em.expr(x), em.local()
-            with em.indented(f"if type({value}) in {em.const(kinds)}:"):
+            fits = f"type({value}) in {em.const(kinds)}"
+            if span is not None:  # an int out of the dtype's range: walk's error
+                fits = f"{fits} and {span.start} <= {value} <= {span.stop - 1}"
+            with em.indented(f"if {fits}:"):
                 em.line(f"{out} = tape.source({em.const(scalar, 's')}, {value})")
             with em.indented("else:"):
                 em.line(f"{out} = {em.const(walk, 'w')}(tape, {value})")
@@ -256,7 +276,10 @@ class OneHotFromList(Block):
         spec = ctx.spec(OpSpec(f"one_hot{size}", path, (), (t,), source="scalar"))
 
         def walk(tape: Tape, x: Any) -> int:
-            i = index.get(x, -1)
+            try:
+                i = index.get(x, -1)
+            except TypeError:  # unhashable: never an element, nor a value to ignore
+                raise tape.fail(block, path, f"expected an element, got {short(x, 60)}") from None
             if i < 0 and strict:
                 raise tape.fail(block, path, f"{x!r} is not one of the elements")
             return tape.shared_source(spec, i, lambda: _one_hot_row(i, size))
