@@ -8,16 +8,18 @@ such a number made the kept template replay the old value, silently.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import random
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
 import batchfold as bf
-from batchfold.lazy.context import active_recorder
-from batchfold.lazy.dry_trace import DRY_NODES
+from batchfold.lazy.context import DRY_NODES, active_recorder
 from batchfold.lazy.kept import forget
 from reference import assert_matches_eager
 
@@ -72,6 +74,7 @@ def _reset() -> Any:
     SCALE = 1.0
     Scaled.temperature = 1.0
     FLAGS.update(sync=False, bad=False)
+    NOISE[0] = None
     forget()
 
 
@@ -139,3 +142,72 @@ def test_a_dry_trace_leaves_nothing_in_the_graph() -> None:
     assert seen[0][0] == 2  # the first call: its source and one node, no traced ops
     for _, grad_free, views in seen:
         assert all(v >> 16 < DRY_NODES for v in grad_free | views)
+
+
+NOISE: list[Any] = [None]  # a draw a global switches on in Noisy.forward
+DRAWS: dict[str, Any] = {
+    "torch.randn": lambda h: h + 0.1 * torch.randn(4),
+    "empty().normal_()": lambda h: h + torch.empty(4).normal_(),
+    "random.gauss": lambda h: h * random.gauss(1.0, 0.1),
+    "np.random.rand": lambda h: h * float(np.random.rand()),
+}
+
+
+class Noisy(nn.Module):
+    """Noise, a counter buffer and attribute, a write into the argument, a sign and a read
+    caught by ``except BaseException``: each switched on by a global between runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.calls = 0
+        self.register_buffer("seen", torch.zeros(()))
+        self.sign = 0.0
+        self.mode = ""
+
+    def forward(self, x: Any) -> Any:
+        if NOISE[0] == "write":
+            x.mul_(2)  # into the caller's value
+        h = torch.tanh(self.lin(x))
+        if NOISE[0] in DRAWS:
+            h = DRAWS[NOISE[0]](h)
+        if NOISE[0] == "count":
+            self.get_buffer("seen").add_(1)
+            self.calls += 1
+        total = h.detach().sum()  # recorded either way: the ops alone do not differ
+        if NOISE[0] == "caught":
+            with contextlib.suppress(BaseException):  # as a bare except would
+                h = h / float(total)
+        return torch.copysign(h, torch.tensor(-0.0 if NOISE[0] == "sign" else 0.0)) + 1
+
+
+def _seeded(fn: Any) -> Any:
+    torch.manual_seed(7)
+    random.seed(7)
+    np.random.seed(7)
+    return fn()
+
+
+@pytest.mark.parametrize("change", [*DRAWS, "count", "write", "sign", "caught"])
+@pytest.mark.parametrize("sequences", [False, True])
+def test_a_dry_trace_that_differs_leaves_nothing_done(change: str, sequences: bool) -> None:
+    """The dry trace of a kept call whose forward now draws, counts, writes into its argument,
+    flips a zero's sign or catches the stop of its read: it drew numbers the real trace drew
+    again (every instance got the next one's), moved the counters twice, crashed on the value
+    it rebound, or matched the kept template where it should not have."""
+    model = Noisy()
+    fn = lambda x: model(torch.as_tensor(x) * 1.0)  # noqa: E731
+    xs = _xs(sequences, 0)
+    NOISE[0] = None
+    bf.batch_map(fn, xs)
+    bf.batch_map(fn, xs)  # kept
+    NOISE[0] = change
+    eager_model = copy.deepcopy(model)
+    eager_fn = lambda x: eager_model(torch.as_tensor(x) * 1.0)  # noqa: E731
+    want = _seeded(lambda: [eager_fn(x) for x in xs])
+    got = _seeded(lambda: bf.batch_map(fn, xs))
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
+        assert torch.equal(g.signbit(), w.signbit())
+    counts = [(m.calls, float(m.get_buffer("seen"))) for m in (model, eager_model)]
+    assert counts[0] == counts[1]

@@ -45,6 +45,36 @@ class _Cube(torch.autograd.Function):
         return grad
 
 
+class _Times(torch.autograd.Function):
+    """x @ w, saving both for a backward that gives w alone a (wrong) gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.save_for_backward(x, w)
+        ctx.mark_non_differentiable()
+        return x @ w
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:  # type: ignore[override]
+        return None, torch.ones_like(ctx.saved_tensors[1])
+
+
+class _Halve(torch.autograd.Function):
+    """x / 2, in the form with ``setup_context``."""
+
+    @staticmethod
+    def forward(x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return x / 2
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: Any, output: Any) -> None:
+        ctx.save_for_backward(*inputs)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return grad
+
+
 _Pair = namedtuple("_Pair", "first second")
 
 
@@ -132,6 +162,31 @@ def test_a_custom_function_where_its_backward_cannot_matter_records() -> None:
         return quiet, _Cube.apply(torch.as_tensor(x)), h  # ... and on a tensor without grad
 
     assert_matches_eager(fn, _inputs(4), LIN)
+
+
+def test_a_custom_function_on_a_weight_that_requires_grad_is_refused() -> None:
+    """Only lazy arguments were checked: the weight's gradient (from the Function's own
+    backward eagerly) was lost without a word, and the result did not require grad."""
+    weight = torch.nn.Parameter(torch.randn(3, 4, dtype=torch.float64))
+    with pytest.raises(bf.UnsupportedOpError, match=r"_Times.apply at .*requires grad"):
+        bf.batch_map(lambda x: _Times.apply(torch.as_tensor(x), weight), _inputs(3))
+
+
+def test_a_custom_function_that_saves_lazy_values_runs_where_no_gradient_flows() -> None:
+    """``save_for_backward`` of a lazy value met PyTorch's TypeError inside batch_map."""
+    weight = torch.randn(3, 4, dtype=torch.float64)
+
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        t = torch.as_tensor(x)
+        return _Times.apply(t, weight), _Halve.apply(t)
+
+    assert_matches_eager(fn, _inputs(4))
+    with torch.no_grad():
+        hidden = lambda x: _Times.apply(_hidden(x), weight)  # noqa: E731
+        got, want = bf.batch_map(hidden, _inputs(3)), [hidden(x) for x in _inputs(3)]
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+        assert not g.requires_grad and not w.requires_grad
 
 
 def test_writes_into_copies_of_an_instances_tensor_record() -> None:

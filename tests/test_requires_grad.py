@@ -255,3 +255,38 @@ def test_a_torchscript_module_passes_its_weights_gradients_on() -> None:
     script = torch.jit.script(torch.nn.Linear(4, 2).double())
     xs = [torch.randn(4, dtype=torch.float64) for _ in range(3)]
     assert_matches_eager(lambda x: torch.tanh(script(torch.as_tensor(x))), xs, script)
+
+
+LENDERS = {  # an op whose other tensors lend a shape or dtype: its output follows t alone
+    "view_as": lambda t, h: t.view_as(h),
+    "type_as": lambda t, h: t.type_as(h),
+    "expand_as": lambda t, h: t[:1].expand_as(h),
+    "reshape_as": lambda t, h: t.reshape_as(h),
+    "to": lambda t, h: t.to(h),
+    "broadcast_tensors": lambda t, h: torch.broadcast_tensors(t, h),
+    "broadcast_tensors, reversed": lambda t, h: torch.broadcast_tensors(h, t),
+    "meshgrid": lambda t, h: torch.meshgrid(t, h, indexing="ij"),
+    "atleast_1d": lambda t, h: torch.atleast_1d(t, h),
+    "atleast_2d": lambda t, h: torch.atleast_2d(h, t),
+    "Normal(h).entropy()": lambda t, h: torch.distributions.Normal(
+        t, 1.0, validate_args=False
+    ).entropy(),
+}
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+@pytest.mark.parametrize("name", list(LENDERS))
+def test_an_output_requires_grad_where_its_own_input_does(name: str, scheduler: Scheduler) -> None:
+    """Every lazy input counted: ``t.view_as(h)`` with ``h`` needing grad required grad where
+    eagerly it does not, and code branching on it computed other numbers."""
+    lin = nn.Linear(3, 3).double()
+    op = LENDERS[name]
+
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        t = torch.as_tensor(x)
+        h = lin(t)
+        outs = op(t, h)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        return (*(o * (10 if o.requires_grad else 1) for o in outs), h)
+
+    assert_matches_eager(fn, _inputs(4), lin, scheduler)

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .errors import BatchingRuleError, add_note
+from .errors import BatchingRuleError, ShapeError, add_note
 from .graph import Signature, Slot, TensorMeta
 
 Tensor = torch.Tensor
@@ -152,6 +152,14 @@ def rule_failure(
                 )
                 return own
             break
+    if rule.user or getattr(sig.func, "batched", False):  # the user's own batched code
+        return ShapeError(
+            f"{sig.name} (recorded at {sig.site}), code that takes a batch, raised over {n} "
+            f"instances: {type(error).__name__}: {error}. It runs on each instance alone "
+            "(a batch of 1), so it does not treat dim 0 as the batch everywhere: each input "
+            "comes with a leading batch dim, a per-instance 0-d value as [n] (broadcast it over "
+            "rows as s[:, None])."
+        )
     return BatchingRuleError(
         f"batching rule {rule.name!r} of {sig.name} (recorded at {sig.site}) failed over {n} "
         f"instances: {type(error).__name__}: {error}. The op accepted these inputs' shapes "

@@ -15,8 +15,9 @@ third of the calls of a per-node Tree-LSTM) is a C++ function that reaches the m
 PyTorch's C++ dispatch; :func:`tensor` stands in for it in the ``torch`` namespace and takes
 such a call straight to the recorder's source maker, as the mode would; :func:`as_tensor`
 does the same for ``torch.as_tensor`` of a tensor or an array (a molecule's features).
-:func:`none_or_dtype` lets attention layers take a mask made inside the function, and
-:func:`is_tensor` answers ``torch.is_tensor`` of a lazy value as eagerly.
+:func:`none_or_dtype` lets attention layers take a mask made inside the function,
+:func:`is_tensor` answers ``torch.is_tensor`` of a lazy value as eagerly, and
+:func:`broadcast_all` gives distributions' numbers a lazy value's dtype as eagerly.
 
 ``F.cross_entropy`` (the per-node loss of tree and sequence models) spends as long in its own
 Python prologue as in recording; :func:`cross_entropy` stands in for it in
@@ -26,11 +27,14 @@ the mode.
 
 from __future__ import annotations
 
+import sys
+from numbers import Number
 from typing import Any
 
 import numpy as np
 import torch
 import torch._tensor
+import torch.distributions.utils
 import torch.functional
 import torch.nn.functional
 from torch.utils._device import _device_constructors
@@ -46,6 +50,13 @@ ORIGINAL_AS_TENSOR: Any = torch.as_tensor
 ORIGINAL_CROSS_ENTROPY: Any = torch.nn.functional.cross_entropy
 ORIGINAL_NONE_OR_DTYPE: Any = torch.nn.functional._none_or_dtype
 ORIGINAL_IS_TENSOR: Any = torch.is_tensor
+ORIGINAL_BROADCAST_ALL: Any = torch.distributions.utils.broadcast_all
+_DISTRIBUTIONS = [  # the modules that imported it
+    module
+    for name, module in list(sys.modules.items())
+    if name.startswith("torch.distributions")
+    and getattr(module, "broadcast_all", None) is ORIGINAL_BROADCAST_ALL
+]
 _MODULES = (torch.nn.functional, torch.functional, torch._tensor)
 _stack_len = torch._C._len_torch_function_stack
 _stack_at = torch._C._get_function_stack_at
@@ -167,6 +178,18 @@ def is_tensor(obj: Any) -> bool:
     return type(obj) is Lazy or ORIGINAL_IS_TENSOR(obj)
 
 
+def broadcast_all(*values: Any) -> Any:
+    """``torch.distributions``' ``broadcast_all``, whose numbers take the dtype and device of
+    the first tensor among the values: a lazy value counts as one, as eagerly the tensor it
+    stands for (it is no ``torch.Tensor``, so ``Normal(x, 1.0)`` made its scale in the default
+    dtype, and its entropy in that dtype too)."""
+    first = next((v for v in values if type(v) is Lazy or isinstance(v, Tensor)), None)
+    if type(first) is Lazy:
+        options = {"dtype": first.dtype, "device": first.device}
+        values = tuple(torch.tensor(v, **options) if isinstance(v, Number) else v for v in values)
+    return ORIGINAL_BROADCAST_ALL(*values)
+
+
 def _taking_lengths(name: str, original: Any) -> Any:
     def factory(*args: Any, **kwargs: Any) -> Any:
         if any(type(a) is Length for a in (*args, *kwargs.values())):
@@ -208,6 +231,10 @@ def patch(on: bool) -> None:
         (torch.nn.functional, "cross_entropy", ORIGINAL_CROSS_ENTROPY, cross_entropy),
         (torch.nn.functional, "_none_or_dtype", ORIGINAL_NONE_OR_DTYPE, none_or_dtype),
         (torch, "is_tensor", ORIGINAL_IS_TENSOR, is_tensor),
+        *(
+            (module, "broadcast_all", ORIGINAL_BROADCAST_ALL, broadcast_all)
+            for module in _DISTRIBUTIONS
+        ),
         *_LENGTH_FACTORIES,
     ]
     for module, name, original, replacement in swaps:

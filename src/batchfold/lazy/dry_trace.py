@@ -4,22 +4,29 @@ A template kept from an earlier ``batch_map`` (see :mod:`.kept`) is used only if
 still records the same ops: its forward may read what no snapshot of the module holds (a
 global, a class attribute, a closure cell), and a number read there became a constant of the
 template. So the first call of a kept key in each ``batch_map`` is traced dry: the forward
-runs on the call's lazy arguments as in a trace, but every node it makes gets a value id
-past any real node's, and nothing joins the graph's pending nodes. Had the trace recorded
-its nodes, they would run as steps of one instance beside the batched ones.
+runs on the call's lazy arguments (a call on sequences on stand-ins of the lengths the
+template was traced at, whose shapes are known) as in a trace, but every node it makes gets
+a value id past any real node's and nothing joins the graph's pending nodes. Had the trace
+recorded its nodes, they would run as steps of one instance beside the batched ones.
 
-A dry trace that would read a value (a sync point) or that raises stops at once; the call is
-then traced for real, which raises or reads as eager code does.
+A dry trace must leave nothing behind, and a kept template never reads a value, draws random
+numbers, writes into a tensor from outside it or sets a module's attribute; so the trace
+stops (:func:`~.context.stop_dry`) before any of these, and the call is traced for real,
+which does them as eager code does. Draws of Python's and NumPy's generators, which nothing
+can stop, are undone. A forward that raises stops the dry trace too.
 """
 
 from __future__ import annotations
 
 import itertools
+import random
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from torch import nn
 
 from ..graph import OUT_BITS, TensorMeta
+from .context import DRY_NODES, THREAD, DryStop
 from .kept import still_same
 from .lengths import FIXED, SQUARE, Guard, class_of, guards_hold
 from .ragged_templates import RaggedTemplate, ragged_template
@@ -28,14 +35,6 @@ from .tensor import Lazy
 if TYPE_CHECKING:
     from .macros import ModuleCache
     from .traces import Template
-
-DRY_NODES = 1 << 40
-"""The node number of a dry trace's first node: past any node of a real graph."""
-
-
-class DryRead(BaseException):
-    """Raised by the recorder at a read during a dry trace (see ``Recorder.wait``). Not an
-    ``Exception``: a forward's own ``except Exception`` must not go on with the trace."""
 
 
 def still_kept(
@@ -114,16 +113,19 @@ def dry_template(
         return first
 
     traced, moves, moved = cache.traced, len(stats.pending), dict(stats.buffers)
+    python_rng, numpy_rng = random.getstate(), np.random.get_state()
     graph.add, graph.add_source = add, add_source  # type: ignore[method-assign]
-    rec.dry = True
+    THREAD.dry, THREAD.dry_stopped = True, False
     try:
         trace, result = cache.trace_call(module, args, kwargs, inputs, lengths, flags)
         found = trace.finish(result, rec.store.fallbacks, graph.views)
-    except (DryRead, Exception):  # a read, or the user's error: the real trace meets it
+    except (DryStop, Exception):  # a stop, or the user's error: the real trace meets it
         return None
     finally:
-        rec.dry = False
+        THREAD.dry = False
         del graph.add, graph.add_source  # the methods again
+        random.setstate(python_rng)  # draws of Python's and NumPy's generators: undone
+        np.random.set_state(numpy_rng)
         cache.traced = traced  # nothing was recorded op by op
         del stats.pending[moves:]  # a normalisation in training: never kept, never moved twice
         stats.buffers = moved
@@ -131,6 +133,8 @@ def dry_template(
             for vid in range(first, first + count):
                 graph.grad_free.discard(vid)
                 rec._views_of.pop(vid, None)
+    if THREAD.dry_stopped:  # stopped, and the forward caught it (except BaseException)
+        return None
     return found, trace.guards
 
 

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch import nn
 from torch.utils._pytree import tree_leaves, tree_map
 
 from ..errors import UnsupportedOpError
@@ -13,6 +14,7 @@ from ..graph import Signature
 from ..ops import OpRule, fill
 from .context import active_recorder
 from .lazy_trees import has_lazy
+from .module_state import SET_AT
 from .sites import version
 
 Tensor = torch.Tensor
@@ -76,6 +78,47 @@ class BatchedFunction:
 
         return run
 
+    def output_grad(
+        self, template: tuple[Any, Any], in_metas: tuple[Any, ...], grad: bool
+    ) -> tuple[tuple[bool, tuple[int, ...]], ...]:
+        """Per output of a call (``template`` and ``in_metas`` its signature's, ``grad`` its
+        grad mode), when eager PyTorch gives it ``requires_grad``: ``(needs, reads)`` (see
+        ``Signature.set_output_grad``). Found by calling the function on zeros: once with no
+        input requiring grad (an output that still does reads a weight), then once for each
+        floating-point input requiring it."""
+        args, kwargs = template
+
+        def flags(grad_at: int | None) -> list[bool]:
+            with torch._C.DisableTorchFunction(), torch.set_grad_enabled(grad):
+                zeros = [
+                    torch.zeros(m.shape, dtype=m.dtype, device=m.device, requires_grad=i == grad_at)
+                    for i, m in enumerate(in_metas)
+                ]
+                out = self.eager(*fill(args, zeros), **fill(kwargs, zeros))
+                return [t.requires_grad for t in tree_leaves(out) if isinstance(t, Tensor)]
+
+        needs = flags(None)
+        reads: list[list[int]] = [[] for _ in needs]
+        for i, meta in enumerate(in_metas):
+            if meta.dtype.is_floating_point or meta.dtype.is_complex:
+                for j, flag in enumerate(flags(i)):
+                    if flag and not needs[j]:
+                        reads[j].append(i)
+        return tuple((n, tuple(r)) for n, r in zip(needs, reads, strict=True))
+
+    def reached(self) -> tuple[list[nn.Module], list[Tensor]]:
+        """The modules and tensors the function reaches without its arguments: itself or the
+        module of a bound method, and what its closure holds. Its batched call runs with them
+        as they are when the batch runs, so their changes between calls inside one
+        ``batch_map`` are refused (see :func:`refuse_changed`)."""
+        fn = self.fn
+        held = [fn, getattr(fn, "__self__", None)]
+        held += [cell.cell_contents for cell in getattr(fn, "__closure__", None) or ()]
+        modules = [m for h in held if isinstance(h, nn.Module) for m in h.modules()]
+        tensors = [t for t in held if isinstance(t, Tensor)]
+        tensors += [t for m in modules for t in (*m._parameters.values(), *m._buffers.values())]
+        return modules, [t for t in tensors if t is not None]
+
     def _batched_call(self, sig: Signature, inputs: list[Tensor], n: int) -> Any:
         args, kwargs = sig.template
         return self.fn(*fill(args, inputs), **fill(kwargs, inputs))
@@ -120,3 +163,22 @@ def function(fn: Callable[..., Any] | None = None, *, batched: bool = False) -> 
     if fn is None:
         return lambda f: BatchedFunction(f, batched)
     return BatchedFunction(fn, batched)
+
+
+def refuse_changed(calls: list[tuple[Signature, list[nn.Module], int]], graph: Any) -> None:
+    """Refuse to run the pending calls of ``bf.function`` (each: its signature, the modules
+    it reaches, the count of module attribute sets when it was made or its last calls ran)
+    whose modules had an attribute set since: each would see the module as it is when the
+    batch runs."""
+    for sig, modules, epoch in calls:
+        if not graph.pending_of[sig.pool].nodes:
+            continue
+        changed = next((m for m in modules if SET_AT.get(id(m), 0) > epoch), None)
+        if changed is not None:
+            raise UnsupportedOpError(
+                f"an attribute of {type(changed).__name__}, which {sig.name} at {sig.site} "
+                "(a bf.function) calls, was set between its calls inside batch_map: its "
+                "batched call runs once, with the module as it is when the batch runs, where "
+                "eagerly each call sees it as it was then. Set it outside the function given "
+                "to batch_map."
+            )

@@ -191,6 +191,29 @@ def _key_parts(tree: Any, parts: list[Any]) -> bool:
     return True
 
 
+def _named(kind: type) -> bool:
+    """Whether ``kind`` is a named tuple class (PyTorch's return types take a sequence)."""
+    return hasattr(kind, "_fields") and kind.__module__ != "torch.return_types"
+
+
+def _made(kind: type, items: list[Any]) -> Any:
+    """A sequence of type ``kind`` holding ``items``: a named tuple takes them by position."""
+    return kind(*items) if _named(kind) else kind(items)
+
+
+class Fields:
+    """The output structure of an op that returns a named tuple (a ``bf.function``'s
+    ``NT(a, b)``): made from its tensors by position."""
+
+    __slots__ = ("kind",)
+
+    def __init__(self, kind: type) -> None:
+        self.kind = kind
+
+    def __call__(self, outs: list[Any]) -> Any:
+        return self.kind(*outs)
+
+
 class WithNones:
     """The output structure of an op that returns ``None`` among its tensors (``(out, None)``
     from ``multi_head_attention_forward`` with ``need_weights=False``): its node has the
@@ -205,7 +228,7 @@ class WithNones:
         items: list[Any] = list(outs)
         for position in self.nones:
             items.insert(position, None)
-        return tuple(items) if self.kind is tuple else self.kind(items)
+        return tuple(items) if self.kind is tuple else _made(self.kind, items)
 
     def drop(self, func: Any) -> Any:
         """``func`` returning its tensors alone, in order: the op the node runs."""
@@ -245,7 +268,9 @@ def infer_outputs(
             found = (None, ((tuple(out.shape), out.dtype),))
         else:
             nones = tuple(i for i, o in enumerate(out) if o is None)
-            kind = WithNones(type(out), nones) if nones else type(out)
+            kind: Any = WithNones(type(out), nones) if nones else type(out)
+            if not nones and _named(kind):
+                kind = Fields(kind)
             found = (kind, tuple((tuple(o.shape), o.dtype) for o in out if o is not None))
     if key is not None:
         if len(_OUTPUTS) >= _MAX_OUTPUTS:

@@ -27,7 +27,7 @@ from .inference import template
 from .kept import keep, kept
 from .lazy_trees import build
 from .lengths import Guard, plain_result
-from .module_state import EPOCH, Watch, Watchers
+from .module_state import EPOCH, Watch, Watchers, attribute_state, changed_attribute
 from .ragged_keys import (
     BY_SHAPE,
     SEQUENCE,
@@ -43,7 +43,7 @@ from .refusals import refuse_uninitialized
 from .semantics import NO_CACHE, grad_mode, own_hooks
 from .sites import user_site
 from .tensor import Lazy
-from .traces import Template, Trace, attribute_state, changed_attribute
+from .traces import Template, Trace
 
 if TYPE_CHECKING:
     from .recorder import Recorder

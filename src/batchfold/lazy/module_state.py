@@ -10,18 +10,25 @@ the entries one of whose modules had an attribute set since the entry was made (
 equal value too: its next calls are traced again, no more). A change inside a list or dict
 attribute, made without setting an attribute, is not seen (the README says to mark such
 modules ``bf.no_cache``).
+
+What a traced call itself changes of its module in Python, which a cached call would not
+change again, is found by comparing :func:`attribute_state` before and after the call
+(:func:`changed_attribute`).
 """
 
 from __future__ import annotations
 
+import collections
 import threading
 from collections.abc import Callable
 from typing import Any
 
+import torch
 import torch.nn.utils._named_member_accessor as _accessor
-from torch import nn
+from torch import Tensor, nn
 
 from ..errors import UnsupportedOpError
+from .context import dry, stop_dry
 from .sites import user_site
 from .tensor import Lazy
 
@@ -49,6 +56,8 @@ def module_setattr(module: nn.Module, name: str, value: Any) -> None:
     replacing a method of ``nn.Module`` updates a slot of every subclass, about 0.15 ms
     each way, and slows attribute lookups after it, too much for every call."""
     if ACTIVE[0]:
+        if dry():  # a dry trace sets nothing (see dry_trace.py)
+            stop_dry(f"{type(module).__name__}.{name} = ...")
         _note(module)
     ORIGINAL_SETATTR(module, name, value)
 
@@ -160,3 +169,70 @@ class Watchers:
             return list(entries), now
         keys = self.keys
         return {key for m in changed for key in keys.get(m, ())}, now
+
+
+_DEPTH = 3  # how deep into containers and plain objects a module's attributes are compared
+_MOST = 10_000  # items compared of one container (beyond: its length only)
+_ATOMS = (type(None), bool, int, float, complex, str, bytes, Tensor, torch.nn.Module)
+
+
+class _Seen:
+    """One container or plain object as a call found it: the object and what it held."""
+
+    __slots__ = ("obj", "items", "size")
+
+    def __init__(self, obj: Any, items: list[tuple[Any, Any]], size: int) -> None:
+        self.obj, self.items, self.size = obj, items, size
+
+
+def _seen(value: Any, depth: int) -> Any:
+    """``value`` with what it holds (dicts, lists, deques, sets, plain objects' attributes),
+    ``depth`` levels down; the objects themselves are kept, so their ids stay theirs."""
+    if isinstance(value, _ATOMS) or depth == 0:
+        return value
+    if isinstance(value, dict):
+        items = list(value.items())
+    elif isinstance(value, (list, collections.deque)):
+        items = [(None, v) for v in value]  # by position
+    elif isinstance(value, (set, frozenset)):
+        return _Seen(value, [], len(value))  # membership: by the length
+    elif hasattr(value, "__dict__") and not callable(value):
+        items = list(vars(value).items())
+    else:
+        return value
+    seen = [(k, _seen(v, depth - 1)) for k, v in items[:_MOST]]
+    return _Seen(value, seen, len(items))
+
+
+def _same(before: Any, after: Any) -> bool:
+    """Whether two :func:`_seen` of one place found the same objects holding the same."""
+    if type(before) is not _Seen or type(after) is not _Seen:
+        return before is after
+    return (
+        before.obj is after.obj
+        and before.size == after.size
+        and all(
+            (k is k2 or type(k) in (str, int) and k == k2) and _same(v, v2)
+            for (k, v), (k2, v2) in zip(before.items, after.items, strict=True)
+        )
+    )
+
+
+def attribute_state(module: torch.nn.Module) -> list[tuple[Any, Any]]:
+    """What a call could change of ``module`` and its submodules in Python: their attributes,
+    and what lists, dicts, deques and plain objects among them hold (a few levels down)."""
+    return [(m, _seen(vars(m), _DEPTH)) for m in module.modules()]
+
+
+def changed_attribute(state: list[tuple[Any, Any]]) -> str | None:
+    """The first attribute of a module a call changed since :func:`attribute_state` (``None``:
+    none). A cached call would not run the module's Python again, so the change would happen
+    only on the calls that were traced; such modules are recorded op by op instead."""
+    for module, before in state:
+        after = _seen(vars(module), _DEPTH)
+        if after.size != before.size:
+            return f"{type(module).__name__} (an attribute added or removed)"
+        for (name, value), (_, now) in zip(before.items, after.items, strict=True):
+            if not _same(value, now):
+                return f"{type(module).__name__}.{name}"
+    return None

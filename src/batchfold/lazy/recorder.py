@@ -27,12 +27,13 @@ from ..schedule import Scheduler, schedule
 from ..stats import Stats
 from . import graphs
 from .call_keys import CallKeys
+from .context import dry, stop_dry
 from .dispatch import ORIGINAL_TENSOR
-from .dry_trace import DryRead
-from .function import BatchedFunction
+from .function import BatchedFunction, refuse_changed
 from .lazy_trees import has_lazy, map_lazies
 from .lengths import plain_lengths
 from .macros import ModuleCache
+from .module_state import EPOCH
 from .running_stats import NORMALISATIONS, RunningStats
 from .semantics import META_QUERIES, VIEW_NAMES
 from .shared_calls import READ, SharedCalls, refuse_stale
@@ -115,9 +116,9 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
         self.sources = SourceMaker(self)
         self.shared_calls = SharedCalls()
         self._meta_cache: dict[int, tuple[Tensor, Tensor]] = {}
+        self.functions: list[tuple[Signature, list[Any], int]] = []
         self._views_of: dict[int, list[weakref.ref[Lazy]]] = {}  # value id -> its lazy views
         self.trace: Trace | None = None  # the module call being traced, if any
-        self.dry = False  # whether that trace records nothing (see dry_trace.py)
         self.modules = ModuleCache(self) if cache_modules else None
         self.running_stats = RunningStats()
         # set when a key holds an object by identity (a tensor, an unhashable or mutable
@@ -303,6 +304,8 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
         self.stats.segments += 1
         self.stats.plan = plan
         self.graph.clear_pending()
+        if self.functions:  # their calls ran: later ones see the modules as they are then
+            self.functions = [(sig, modules, EPOCH[0]) for sig, modules, _ in self.functions]
 
     def move_running_stats(self) -> None:
         """Move the running statistics of normalisations in training mode, once the batch has
@@ -315,6 +318,7 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
     def _check_shared_versions(self) -> None:
         self.sources.check_memory()
         refuse_stale(self.graph)
+        refuse_changed(self.functions, self.graph)
 
     def read(self, lazy: Lazy, what: str, pause: bool = True) -> Tensor:
         """``lazy``'s value: a sync point (see :meth:`wait`)."""
@@ -334,8 +338,8 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
         for a read inside a PyTorch call, which another instance must not enter meanwhile)."""
         if self.closed:
             raise LazyValueError(LAZY_AFTER_RUN.format(what=what))
-        if self.dry:  # a dry trace reads nothing (see dry_trace.py)
-            raise DryRead(what)
+        if dry():  # a dry trace reads nothing (see dry_trace.py)
+            stop_dry(what)
         if self.running_stats.pending:  # see running_stats.py
             self.running_stats.refuse_sync(what)
         if self.trace is not None:  # other instances run while this one waits: stop tracing

@@ -121,22 +121,65 @@ def refuse_hidden(func: Any, args: Any, kwargs: Any) -> Any:
 
 
 def function_apply(cls: Any, *args: Any, **kwargs: Any) -> Any:
-    """``torch.autograd.Function.apply`` that refuses lazy arguments inside ``batch_map`` where
-    its ``backward`` would matter: in grad mode, with an argument that requires grad."""
-    if torch.is_grad_enabled() and active_recorder() is not None and _needs_grad(args, kwargs):
-        raise UnsupportedOpError(
-            f"{cls.__name__}.apply at {user_site()}: a custom autograd Function on "
-            "per-instance values. batch_map sees the ops of its forward, not its backward, so "
-            "gradients would differ from eager PyTorch's. Call it on batched tensors instead: "
-            "wrap the code that calls it in bf.function(..., batched=True)."
-        )
-    return ORIGINAL_APPLY.__func__(cls, *args, **kwargs)
-
-
-def _needs_grad(args: Any, kwargs: Any) -> bool:
+    """``torch.autograd.Function.apply`` on per-instance values inside ``batch_map``: refused
+    where its ``backward`` would matter (in grad mode, with an argument that requires grad, a
+    per-instance value or a tensor from outside such as a weight); else its forward runs as
+    eagerly, without grad and with a context that keeps nothing for a backward."""
+    if active_recorder() is None:
+        return ORIGINAL_APPLY.__func__(cls, *args, **kwargs)
     lazies: list[Lazy] = []
     map_lazies(lazies.append, (args, kwargs))
-    return any(x.requires_grad for x in lazies)
+    if not lazies:
+        return ORIGINAL_APPLY.__func__(cls, *args, **kwargs)
+    tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (*lazies, *tensors)):
+        raise UnsupportedOpError(
+            f"{cls.__name__}.apply at {user_site()}: a custom autograd Function on "
+            "per-instance values, with an argument that requires grad. batch_map sees the ops "
+            "of its forward, not its backward, so gradients would differ from eager PyTorch's. "
+            "Call it on batched tensors instead: wrap the code that calls it in "
+            "bf.function(..., batched=True)."
+        )
+    ctx = _NoBackward(len(args))
+    with torch.no_grad():
+        if _has_setup_context(cls):  # forward(*args) with setup_context(ctx, inputs, output)
+            out = cls.forward(*args, **kwargs)
+            cls.setup_context(ctx, args, out)
+            return out
+        return cls.forward(ctx, *args, **kwargs)
+
+
+def _has_setup_context(cls: Any) -> bool:
+    return getattr(cls.setup_context, "__func__", cls.setup_context) is not getattr(
+        torch.autograd.Function.setup_context, "__func__", torch.autograd.Function.setup_context
+    )
+
+
+class _NoBackward:
+    """The context a custom Function's forward gets where no gradient flows through it: what
+    it saves is kept as it is, for nothing (eager PyTorch's would not be used either)."""
+
+    def __init__(self, inputs: int) -> None:
+        self.needs_input_grad = (False,) * inputs
+        self.saved_tensors: tuple[Any, ...] = ()
+        self.materialize_grads = True
+
+    def save_for_backward(self, *tensors: Any) -> None:
+        """Keep ``tensors`` as ``saved_tensors``."""
+        self.saved_tensors = tensors
+
+    def save_for_forward(self, *tensors: Any) -> None:
+        """Nothing: no forward-mode gradient flows either."""
+
+    def mark_dirty(self, *tensors: Any) -> None:
+        """Nothing: the forward's in-place writes were recorded as writes."""
+
+    def mark_non_differentiable(self, *tensors: Any) -> None:
+        """Nothing: no output requires grad."""
+
+    def set_materialize_grads(self, value: bool) -> None:
+        """Keep the setting, for nothing."""
+        self.materialize_grads = value
 
 
 def _reseed(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -26,6 +26,7 @@ from torch.utils._pytree import tree_leaves
 
 from ..errors import UnsupportedOpError
 from ..graph import Graph
+from .context import dry, stop_dry
 from .lazy_trees import map_lazies
 from .refusals import refuse_hidden
 from .semantics import is_random
@@ -59,10 +60,14 @@ class SharedCalls:
         owner = getattr(func, "__self__", None)
         if owner is _DATA:  # t.data, t.data = x: see _set_data
             if name != "__get__":
+                if dry():
+                    stop_dry("t.data = x")
                 return self._set_data(func, args)
             func, args, kwargs = torch.Tensor.detach, args[:1], {}  # memoised as any call
         in_place = (name[-1:] == "_" and name[:1] != "_") or name in ("__set__", "__setitem__")
         if in_place or is_random(func):
+            if dry():  # a write or a draw that could not be undone
+                stop_dry(f"{name}()")
             target = args[0] if in_place and args and isinstance(args[0], Tensor) else None
             if target is not None:
                 self.written(target, func)

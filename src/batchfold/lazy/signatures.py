@@ -11,12 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_leaves
 
 from ..errors import UnsupportedOpError
-from ..graph import OUT_MASK, Graph, Signature, TensorMeta
+from ..graph import OUT_MASK, Graph, Signature, Slot, TensorMeta
 from ..opbase import LOOP, VMAP
 from ..ops import rule_for
 from ..ragged import Family, join_family, member_of
+from ..signature import INHERITS_GRAD
 from .function import BatchedFunction
 from .inference import (
     WithNones,
@@ -26,6 +28,7 @@ from .inference import (
     shared_tensors,
     template,
 )
+from .module_state import EPOCH
 from .semantics import grad_rule, refuse_unrecordable
 from .sites import func_name, user_site, version
 from .tensor import Lazy
@@ -37,14 +40,17 @@ class SignatureMaker:
     """The recorder's making of signatures (a base class of ``Recorder``).
 
     It uses the recorder's ``graph``, ``ragged`` (whether families batch across lengths),
-    ``by_identity`` (whether the call's key holds an object by identity) and ``_meta_cache``
-    (meta tensors reused by shape inference).
+    ``by_identity`` (whether the call's key holds an object by identity), ``_meta_cache``
+    (meta tensors reused by shape inference) and ``functions``.
     """
 
     graph: Graph
     ragged: bool
     by_identity: bool
     _meta_cache: dict[int, tuple[Tensor, Tensor]]
+    # the signatures of bf.function calls, the modules each reaches and the count of module
+    # attribute sets when it was made (see function.refuse_changed)
+    functions: list[tuple[Signature, list[Any], int]]
 
     def _signature(
         self,
@@ -109,11 +115,18 @@ class SignatureMaker:
         )
         sig.grad = 0 if mode == 2 else mode  # inference mode computes as no_grad does
         sig.shared = tuple((t, version(t)) for t in shared_tensors((targs, tkwargs)))
-        if not isinstance(func, BatchedFunction):  # bf.function's may need grad: unknown
+        if not isinstance(func, BatchedFunction):
             asked = tkwargs.get("requires_grad") is True  # zeros_like(x, requires_grad=True)
             sig.set_grad_rule(grad_rule(func, mode, sig.shared, asked))
-        elif any(shared):  # as its run for shapes above found
-            self.graph.views.add(sig.id)  # its outputs are marked as views (writes.py)
+            if sig.grad_rule == INHERITS_GRAD:
+                sig.set_output_grad(_own_reads(name, (targs, tkwargs), mode, len(out_metas)))
+        else:  # a bf.function: as its calls on zeros show
+            sig.set_output_grad(func.output_grad((targs, tkwargs), in_metas, mode == 1))
+            if any(shared):  # as its run for shapes above found
+                self.graph.views.add(sig.id)  # its outputs are marked as views (writes.py)
+            modules, tensors = func.reached()  # checked before the batch runs (refuse_stale)
+            sig.shared += tuple((t, version(t)) for t in tensors)
+            self.functions.append((sig, modules, EPOCH[0]))
         if self.ragged:
             join_family(self.graph.families, sig, key)
         # kept for later runs when its key holds no object by identity (see lazy/graphs.py)
@@ -149,3 +162,30 @@ class SignatureMaker:
         sig.family, sig.length, sig.pool = family, length, family.rep
         sig.keep = first.keep
         return sig
+
+
+# calls whose output comes from their first tensor alone (the others lend a shape, a dtype):
+# eagerly it requires grad where that tensor does; and calls whose each output comes from the
+# tensor at its position
+_FIRST_ONLY = frozenset(["view_as", "type_as", "expand_as", "reshape_as", "to"])
+_EACH_ITS_OWN = frozenset(
+    ["broadcast_tensors", "meshgrid", "atleast_1d", "atleast_2d", "atleast_3d"]
+)
+
+
+def _own_reads(
+    name: str, template: tuple[Any, Any], mode: int, outputs: int
+) -> tuple[tuple[bool, tuple[int, ...]], ...] | None:
+    """Per output, ``(needs, reads)`` (see ``Signature.set_output_grad``) of a call whose
+    outputs do not all depend on all its tensors; ``None`` for any other call."""
+    if name not in _FIRST_ONLY and name not in _EACH_ITS_OWN:
+        return None
+    tensors = [t for t in tree_leaves(template) if type(t) is Slot or isinstance(t, Tensor)]
+    if name in _FIRST_ONLY:
+        tensors = tensors[:1]
+    if len(tensors) != outputs:
+        return None
+    return tuple(
+        (False, (t.index,)) if isinstance(t, Slot) else (mode == 1 and t.requires_grad, ())
+        for t in tensors
+    )

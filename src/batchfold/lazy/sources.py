@@ -19,6 +19,7 @@ from ..opbase import named
 from ..ops import OpRule
 from ..ragged import join_family, ragged_meta
 from ..signature import NO_GRAD
+from .context import dry, stop_dry
 from .dispatch import ORIGINAL_TENSOR
 from .semantics import is_random
 from .sites import func_name, user_site, version
@@ -247,6 +248,8 @@ class SourceMaker:
         """Run a factory and make its result a lazy per-instance constant (numbers given to
         ``torch.tensor`` take :meth:`number` first)."""
         rec = self.rec
+        if dry() and is_random(func):  # drawn, the numbers could not be given back
+            stop_dry(f"{func_name(func)}()")
         value = func(*args, **kwargs)
         if not isinstance(value, Tensor):
             return value

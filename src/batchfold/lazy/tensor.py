@@ -166,6 +166,11 @@ class Lazy:
         differentiable = dtype.is_floating_point or dtype.is_complex
         return differentiable and self._vid not in self._rec.graph.grad_free
 
+    @requires_grad.setter
+    def requires_grad(self, value: bool) -> None:
+        if bool(value) != self.requires_grad:  # to what it is: nothing, as eagerly
+            self.requires_grad_(value)  # refused, as the method is
+
     @property
     def T(self) -> Lazy:  # noqa: N802
         """The transpose (all dims reversed)."""

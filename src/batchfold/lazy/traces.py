@@ -8,7 +8,6 @@ output of an earlier op), or says why the call cannot be cached.
 
 from __future__ import annotations
 
-import collections
 import copy
 from typing import Any, TypeVar
 
@@ -146,73 +145,6 @@ def _views_of_arguments(
             if any(ref[0] == 0 or ref[1] in views for ref in reads):
                 views.add(j)
     return views
-
-
-_DEPTH = 3  # how deep into containers and plain objects a module's attributes are compared
-_MOST = 10_000  # items compared of one container (beyond: its length only)
-_ATOMS = (type(None), bool, int, float, complex, str, bytes, Tensor, torch.nn.Module)
-
-
-class _Seen:
-    """One container or plain object as a call found it: the object and what it held."""
-
-    __slots__ = ("obj", "items", "size")
-
-    def __init__(self, obj: Any, items: list[tuple[Any, Any]], size: int) -> None:
-        self.obj, self.items, self.size = obj, items, size
-
-
-def _seen(value: Any, depth: int) -> Any:
-    """``value`` with what it holds (dicts, lists, deques, sets, plain objects' attributes),
-    ``depth`` levels down; the objects themselves are kept, so their ids stay theirs."""
-    if isinstance(value, _ATOMS) or depth == 0:
-        return value
-    if isinstance(value, dict):
-        items = list(value.items())
-    elif isinstance(value, (list, collections.deque)):
-        items = [(None, v) for v in value]  # by position
-    elif isinstance(value, (set, frozenset)):
-        return _Seen(value, [], len(value))  # membership: by the length
-    elif hasattr(value, "__dict__") and not callable(value):
-        items = list(vars(value).items())
-    else:
-        return value
-    seen = [(k, _seen(v, depth - 1)) for k, v in items[:_MOST]]
-    return _Seen(value, seen, len(items))
-
-
-def _same(before: Any, after: Any) -> bool:
-    """Whether two :func:`_seen` of one place found the same objects holding the same."""
-    if type(before) is not _Seen or type(after) is not _Seen:
-        return before is after
-    return (
-        before.obj is after.obj
-        and before.size == after.size
-        and all(
-            (k is k2 or type(k) in (str, int) and k == k2) and _same(v, v2)
-            for (k, v), (k2, v2) in zip(before.items, after.items, strict=True)
-        )
-    )
-
-
-def attribute_state(module: torch.nn.Module) -> list[tuple[Any, Any]]:
-    """What a call could change of ``module`` and its submodules in Python: their attributes,
-    and what lists, dicts, deques and plain objects among them hold (a few levels down)."""
-    return [(m, _seen(vars(m), _DEPTH)) for m in module.modules()]
-
-
-def changed_attribute(state: list[tuple[Any, Any]]) -> str | None:
-    """The first attribute of a module a call changed since :func:`attribute_state` (``None``:
-    none). A cached call would not run the module's Python again, so the change would happen
-    only on the calls that were traced; such modules are recorded op by op instead."""
-    for module, before in state:
-        after = _seen(vars(module), _DEPTH)
-        if after.size != before.size:
-            return f"{type(module).__name__} (an attribute added or removed)"
-        for (name, value), (_, now) in zip(before.items, after.items, strict=True):
-            if not _same(value, now):
-                return f"{type(module).__name__}.{name}"
-    return None
 
 
 _Made = TypeVar("_Made", bound="Template")  # for_store keeps the kind of template
@@ -364,9 +296,14 @@ _SECONDARY = frozenset(["index_rows", "index_add"])
 
 
 def same_payload(a: Any, b: Any) -> bool:
-    """Whether two constants a traced call made are equal (tensors by value)."""
+    """Whether two constants a traced call made are equal (tensors by value; the sign of a
+    zero counts, as ``1 / -0.0`` is ``-inf``)."""
     if isinstance(a, Tensor) or isinstance(b, Tensor):
-        return isinstance(a, Tensor) and isinstance(b, Tensor) and torch.equal(a, b)
+        if not (isinstance(a, Tensor) and isinstance(b, Tensor) and torch.equal(a, b)):
+            return False
+        return not a.is_floating_point() or torch.equal(a.signbit(), b.signbit())
+    if type(a) is float and type(b) is float:
+        return a.hex() == b.hex()
     return type(a) is type(b) and a == b
 
 

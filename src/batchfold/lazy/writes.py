@@ -17,6 +17,8 @@ import numpy as np
 import torch
 
 from ..errors import LAZY_AFTER_RUN, DtypeError, LazyValueError, ShapeError, UnsupportedOpError
+from ..graph import OUT_BITS
+from .context import DRY_NODES, dry, stop_dry
 from .function import BatchedFunction
 from .inference import template
 from .lazy_trees import has_lazy
@@ -114,6 +116,8 @@ class InPlaceWrites:
         """
         if target._rec is not self:
             raise LazyValueError(LAZY_AFTER_RUN.format(what=what))
+        if target._vid >> OUT_BITS < DRY_NODES and dry():  # rebinding the caller's value
+            stop_dry(what)
         if self.trace is not None and target._vid < self.trace.start:
             self.trace.refuse("writes in place into a tensor from outside the call")
         self._check_aliases(target, what)

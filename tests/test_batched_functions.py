@@ -1,0 +1,158 @@
+"""``bf.function`` calls against eager PyTorch: which outputs require grad, named tuples, and
+changes of what the function reaches (its module's attributes and weights) between calls."""
+
+from __future__ import annotations
+
+from collections import namedtuple
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import batchfold as bf
+from reference import assert_matches_eager
+
+pytestmark = pytest.mark.usefixtures("float64")
+
+SCHEDULERS = ["agenda", "depth"]
+_Pair = namedtuple("_Pair", "first second")
+
+
+class _Scaled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.scale = 1.0
+
+    def forward(self, h: Any) -> Any:
+        return self.lin(h) * self.scale
+
+
+def _xs() -> list[list[float]]:
+    return [[1.0, 2.0, 3.0], [0.5, -1.0, 2.0], [3.0, 1.0, 0.0], [2.0, 2.0, -1.0]]
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+@pytest.mark.parametrize("batched", [False, True])
+def test_outputs_require_grad_where_eagers_do(batched: bool, scheduler: str) -> None:
+    """Every output claimed ``requires_grad=True``: read inside the function (a branch on it)
+    and, batched in one step with rows that need grad, in the results too."""
+    torch.manual_seed(0)
+    lin = nn.Linear(3, 3)
+    double = bf.function(lambda a: a * 2, batched=batched)
+    pair = bf.function(lambda a, b: (a + 1, b * 3, lin(a)), batched=batched)
+
+    def fn(x: list[float]) -> Any:
+        t = torch.tensor(x)
+        a = double(t)
+        h = lin(t)
+        first, second, third = pair(t, h)
+        with torch.no_grad():
+            quiet = double(h)
+        return a * (10 if a.requires_grad else 1), double(h), first, second, third, quiet
+
+    stats = assert_matches_eager(fn, _xs(), lin, scheduler=scheduler)  # type: ignore[arg-type]
+    assert stats.nodes > 0
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_named_tuple_comes_back_as_one(batched: bool) -> None:
+    """``NT(a, b)`` was rebuilt as ``NT([a, b])``: a TypeError inside batch_map."""
+    split = bf.function(lambda a: _Pair(a * 2, a + 1), batched=batched)
+
+    def fn(x: list[float]) -> Any:
+        out = split(torch.tensor(x))
+        assert type(out) is _Pair
+        return out.first - out.second
+
+    assert_matches_eager(fn, _xs())
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_change_of_what_the_function_reaches_between_calls_is_refused(batched: bool) -> None:
+    """The batched call runs when the batch runs: a module attribute set or a weight changed
+    in place between two calls gave the second call's value to both, without a word."""
+    model = _Scaled()
+    cell = bf.function(model, batched=batched)
+
+    def rescaled(x: list[float]) -> Any:
+        h = torch.tensor(x)
+        first = cell(h)
+        model.scale = 5.0
+        second = cell(h)
+        model.scale = 1.0
+        return first, second
+
+    with pytest.raises(
+        bf.UnsupportedOpError, match=r"an attribute of _Scaled, which .*set between"
+    ):
+        bf.batch_map(rescaled, _xs())
+    bias = model.lin.bias
+
+    def shifted(x: list[float]) -> Any:
+        h = torch.tensor(x)
+        first = cell(h)
+        with torch.no_grad():
+            bias.add_(1.0)
+        return first, cell(h)
+
+    with pytest.raises(bf.UnsupportedOpError, match=r"changed in place"):
+        bf.batch_map(shifted, _xs())
+    with torch.no_grad():
+        bias.sub_(1.0)
+    closure = torch.ones(3)
+    scaled = bf.function(lambda a: a * closure, batched=batched)
+
+    def closed(x: list[float]) -> Any:
+        h = torch.tensor(x)
+        first = scaled(h)
+        closure.mul_(2)
+        return first, scaled(h)
+
+    with pytest.raises(bf.UnsupportedOpError, match=r"changed in place"):
+        bf.batch_map(closed, _xs())
+
+
+def test_a_change_before_or_after_the_calls_is_fine() -> None:
+    model = _Scaled()
+    cell = bf.function(model)
+
+    def fn(x: list[float]) -> Any:
+        h = torch.tensor(x)
+        out = cell(h)
+        return out, float(out.detach().sum())  # a sync point: the calls ran
+
+    for scale in (1.0, 3.0):
+        model.scale = scale
+        assert_matches_eager(fn, _xs(), model)
+
+
+def test_a_batched_function_that_breaks_over_rows_is_the_users_error() -> None:
+    """A per-instance 0-d value arrives as [n]; ``a * s`` then fails over the batch. It was
+    called a bug in batchfold's rule."""
+    scale = bf.function(lambda a, s: a * s, batched=True)
+    fn = lambda x: scale(torch.tensor(x), torch.tensor(x)[0])  # noqa: E731
+    with pytest.raises(bf.ShapeError, match=r"code that takes a batch, raised over 2 instances"):
+        bf.batch_map(fn, _xs()[:2])
+
+
+def test_setting_requires_grad_of_a_lazy_value_is_its_method() -> None:
+    """``t.requires_grad = True`` met an AttributeError (a property without a setter)."""
+
+    def made_leaf(x: list[float]) -> Any:
+        t = torch.tensor(x)
+        t.requires_grad = True
+        return t
+
+    with pytest.raises(
+        bf.UnsupportedOpError, match=r"requires_grad_ of a lazy tensor at .*not a leaf"
+    ):
+        bf.batch_map(made_leaf, _xs())
+
+    def unchanged(x: list[float]) -> Any:
+        t = torch.tensor(x) * 2
+        t.requires_grad = False  # what it is: nothing changes, as eagerly
+        return t
+
+    assert_matches_eager(unchanged, _xs())
