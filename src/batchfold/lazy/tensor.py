@@ -169,7 +169,7 @@ class Lazy:
     @requires_grad.setter
     def requires_grad(self, value: bool) -> None:
         if bool(value) != self.requires_grad:  # to what it is: nothing, as eagerly
-            self.requires_grad_(value)  # refused, as the method is
+            cast(Any, self).requires_grad_(value)  # refused, as the method is
 
     @property
     def T(self) -> Lazy:  # noqa: N802
