@@ -23,11 +23,12 @@ import random
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from torch import nn
+from torch import Tensor, nn
+from torch.utils._pytree import tree_leaves
 
 from ..graph import OUT_BITS, TensorMeta
 from .context import DRY_NODES, THREAD, DryStop
-from .kept import still_same
+from .kept import kept, still_same, unversioned, unversioned_key
 from .lengths import FIXED, SQUARE, Guard, class_of, guards_hold
 from .ragged_templates import RaggedTemplate, ragged_template
 from .tensor import Lazy
@@ -39,18 +40,23 @@ if TYPE_CHECKING:
 
 def still_kept(
     cache: ModuleCache,
+    key: Any,
     earlier: Template,
     module: nn.Module,
     call: tuple[tuple[Any, ...], dict[str, Any]],
     inputs: list[int],
 ) -> bool:
-    """Whether a dry trace of this call records the ops of ``earlier``, its kept template."""
-    dry = dry_template(cache, module, *call, inputs)
-    return dry is not None and not isinstance(dry[0], str) and still_same(earlier, dry[0])
+    """Whether a dry trace of this call records the ops of ``earlier``, its kept template
+    (``key``'s), and leaves the module in the state it was kept in."""
+    dry = dry_template(cache, earlier, module, *call, inputs)
+    if dry is None or isinstance(dry[0], str) or not still_same(earlier, dry[0]):
+        return False
+    return kept(key, module) is not None  # a dry trace compares no attributes: see there
 
 
 def still_ragged(
     cache: ModuleCache,
+    key: Any,
     kept_as: tuple[RaggedTemplate, list[Guard], tuple[int, ...]],
     module: nn.Module,
     call: tuple[tuple[Any, ...], dict[str, Any]],
@@ -64,14 +70,17 @@ def still_ragged(
     earlier, guards, traced = kept_as
     if not guards_hold(guards, lengths):
         return False
-    dry = dry_template(cache, module, *call, inputs, traced, flags)
+    dry = dry_template(cache, earlier, module, *call, inputs, traced, flags)
     if dry is None or isinstance(dry[0], str) or dry[1] != guards or dry[0].handed_back:
         return False
-    return still_same(earlier, ragged_template(dry[0], flags, traced))
+    if not still_same(earlier, ragged_template(dry[0], flags, traced)):
+        return False
+    return kept(key, module) is not None  # a dry trace compares no attributes: see there
 
 
 def dry_template(
     cache: ModuleCache,
+    earlier: Template,
     module: nn.Module,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
@@ -80,7 +89,13 @@ def dry_template(
     flags: tuple[int, ...] = (),
 ) -> tuple[Template | str, Any] | None:
     """The template (or the reason it cannot be one) of ``module(*args, **kwargs)`` traced
-    dry, with the trace's guards; ``None`` if the trace read a value or raised.
+    dry, with the trace's guards; ``None`` if the trace stopped or raised. It does not compare
+    the module's attributes before and after the call as a real trace does: its caller checks
+    the module is still in the state its template was kept in (:func:`~.kept.kept`).
+
+    An op whose signature the graph no longer has (it read a weight, whose version is part of
+    its key) takes the kept template's own op of that key but for versions
+    (:func:`dry_signature`): signatures are not made for a trace whose nodes never run.
 
     With ``lengths``, the lazy arguments of ragged inputs (``flags``) are replaced by values
     of those lengths, made for the trace: a kept template is traced at the lengths it was
@@ -116,13 +131,14 @@ def dry_template(
     python_rng, numpy_rng = random.getstate(), np.random.get_state()
     graph.add, graph.add_source = add, add_source  # type: ignore[method-assign]
     THREAD.dry, THREAD.dry_stopped = True, False
+    THREAD.dry_ops = {unversioned_key(op): op for op, _, _ in earlier.ops}
     try:
         trace, result = cache.trace_call(module, args, kwargs, inputs, lengths, flags)
         found = trace.finish(result, rec.store.fallbacks, graph.views)
     except (DryStop, Exception):  # a stop, or the user's error: the real trace meets it
         return None
     finally:
-        THREAD.dry = False
+        THREAD.dry, THREAD.dry_ops = False, None
         del graph.add, graph.add_source  # the methods again
         random.setstate(python_rng)  # draws of Python's and NumPy's generators: undone
         np.random.set_state(numpy_rng)
@@ -169,3 +185,13 @@ def _twins(obj: Any, rec: Any, shapes: Any, numbers: Any, vids: list[int]) -> An
     if kind is dict:
         return {name: _twins(item, rec, shapes, numbers, vids) for name, item in obj.items()}
     return obj
+
+
+def dry_signature(key: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """In a dry trace, the kept template's op whose key is ``key`` but for the versions of
+    the tensors from outside among ``args`` and ``kwargs``; ``None`` if it has none."""
+    ops = getattr(THREAD, "dry_ops", None)
+    if not ops:
+        return None
+    shared = {id(t) for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)}
+    return ops.get(unversioned(key, shared))

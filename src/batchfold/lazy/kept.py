@@ -242,7 +242,7 @@ def still_same(earlier: Any, found: Any) -> bool:
     constant of the template. So each ``batch_map`` traces its first call of a kept key and
     compares. The ops' signatures cannot be compared by identity: a key holds each tensor
     from outside with its version, which an optimizer step moves. Here a tensor counts by
-    identity alone (:func:`_unversioned`), and an op on packed rows by its family's key, which
+    identity alone (:func:`unversioned`), and an op on packed rows by its family's key, which
     holds no length.
     """
     if (
@@ -264,25 +264,30 @@ def still_same(earlier: Any, found: Any) -> bool:
     return True
 
 
+def unversioned_key(sig: Any) -> Any:
+    """``sig``'s key with each tensor from outside by identity alone (see :func:`unversioned`)."""
+    return unversioned(sig.key, {id(t) for t, _ in sig.shared})
+
+
 def _op_key(sig: Any, ragged: bool) -> Any:
     """``sig``'s key with tensors by identity; an op on packed rows its family's key."""
     shared = {id(t) for t, _ in sig.shared}
     family = sig.family
     if not ragged or family is None:
-        return _unversioned(sig.key, shared)
+        return unversioned(sig.key, shared)
     if sig.source is not None:
         return (family.kind, ragged_meta(sig.out_metas[0]))
     key = family_key(sig.key, family.ragged_in, family.square)
-    return (family.kind, family.ragged_in, _unversioned(key, shared))
+    return (family.kind, family.ragged_in, unversioned(key, shared))
 
 
-def _unversioned(part: Any, shared: set[int]) -> Any:
+def unversioned(part: Any, shared: set[int]) -> Any:
     """A key with every ``(id, version)`` of a tensor in ``shared`` made ``(id,)``."""
     if type(part) is not tuple:
         return part
     if len(part) == 2 and type(part[0]) is int and type(part[1]) is int and part[0] in shared:
         return (part[0],)
-    return tuple(_unversioned(item, shared) for item in part)
+    return tuple(unversioned(item, shared) for item in part)
 
 
 def kept_keys(module: nn.Module) -> list[Any]:

@@ -22,6 +22,7 @@ from torch import nn
 
 from ..graph import OUT_BITS, Signature
 from ..ops import OpRule
+from .context import dry
 from .dry_trace import still_kept
 from .inference import template
 from .kept import keep, kept
@@ -183,7 +184,9 @@ class ModuleCache:
         entry = self.entry_for(key, module)
         if entry.template is None and entry.reason is None:
             earlier = kept(key, module)  # confirmed by an earlier batch_map
-            if earlier is not None and still_kept(self, earlier, module, (args, kwargs), inputs):
+            if earlier is not None and still_kept(
+                self, key, earlier, module, (args, kwargs), inputs
+            ):
                 found = earlier.for_store(rec.store.fallbacks)
                 entry.template, entry.confirmed = found, True
                 name = type(module).__name__
@@ -257,7 +260,7 @@ class ModuleCache:
         trace = rec.trace = Trace(inputs, start, lengths, flags)
         template(args, trace.lazies)  # in the order of ``inputs`` (see Recorder.args_key)
         template(kwargs, trace.lazies)
-        state = attribute_state(module)
+        state = None if dry() else attribute_state(module)  # a dry trace: see still_kept
         try:
             result = ORIGINAL_CALL(module, *args, **kwargs)
             if lengths is not None:
@@ -265,7 +268,7 @@ class ModuleCache:
         finally:
             if rec.trace is trace:  # a read inside the call has already stopped it
                 rec.trace = None
-        if (changed := changed_attribute(state)) is not None:
+        if state is not None and (changed := changed_attribute(state)) is not None:
             trace.refuse(f"changes its attribute {changed}, which a cached call would not")
         self.traced += 1
         return trace, result

@@ -84,7 +84,7 @@ def call_ragged(
         found, guards, traced = earlier  # confirmed by an earlier batch_map
         usable = not empty or found.empty_ok  # at 0 rows: compared as at any length
         call = (args, kwargs)
-        if usable and still_ragged(cache, earlier, module, call, inputs, flags, lengths):
+        if usable and still_ragged(cache, key, earlier, module, call, inputs, flags, lengths):
             entry.ragged, entry.length, entry.guards = found, traced, guards
             entry.macro = _kept_macro(cache.rec, key, found, module, (args, kwargs), flags)
             cache.hits += 1

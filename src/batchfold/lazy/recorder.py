@@ -29,6 +29,7 @@ from . import graphs
 from .call_keys import CallKeys
 from .context import dry, stop_dry
 from .dispatch import ORIGINAL_TENSOR
+from .dry_trace import dry_signature
 from .function import BatchedFunction, refuse_changed
 from .lazy_trees import has_lazy, map_lazies
 from .lengths import plain_lengths
@@ -200,6 +201,8 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
             return self._eager(func, args, kwargs, key)
         graph = self.graph
         sig = graph.lookup(key)
+        if sig is None and dry():  # a dry trace's op of a weight read anew: the kept one's
+            sig = dry_signature(key, args, kwargs)
         if sig is None:  # in-place calls never get a signature: they record their out-of-place form
             if (operands := self.sources.operand(func, args, kwargs)) is not None:
                 return self.call(func, operands, kwargs)
