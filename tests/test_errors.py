@@ -206,3 +206,23 @@ def test_a_lazy_value_in_an_attribute_of_a_returned_object_is_refused() -> None:
         lambda x: (Box(None), layer(torch.tensor(x))), [[1.0, 2.0, 3.0]] * 2
     )
     assert isinstance(out, torch.Tensor) and box.n == 3  # objects without lazy values pass
+
+
+def test_a_returned_generator_or_closure_over_a_lazy_value_is_refused() -> None:
+    """A generator came back whose values were lazy when iterated, and a closure failed at
+    its first call, far from the cause."""
+
+    def rows(x: list[float]) -> Any:
+        t = torch.tensor(x) * 2
+        return (v for v in [t, t + 1])
+
+    def later(x: list[float]) -> Any:
+        t = torch.tensor(x) * 2
+        return [lambda: t + 1]
+
+    with pytest.raises(bf.UnsupportedOpError, match="returned a generator.*Return a list"):
+        bf.batch_map(rows, [[1.0, 2.0]])
+    with pytest.raises(bf.UnsupportedOpError, match="returned a function holding a lazy value"):
+        bf.batch_map(later, [[1.0, 2.0]])
+    (out, size), _ = bf.batch_map(lambda x: (torch.tensor(x) * 2, len), [[1.0], [2.0]])
+    assert size is len and out.tolist() == [2.0]  # a function without lazy values passes

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 from typing import Any
 
 import torch
@@ -91,6 +92,18 @@ def map_lazies(fn: Any, obj: Any, results: bool = False, tensors: Any = None) ->
 
 
 def _refuse_hidden(leaf: Any) -> None:
+    if inspect.isgenerator(leaf) or inspect.iscoroutine(leaf):
+        raise UnsupportedOpError(
+            f"the function given to batch_map returned a {type(leaf).__name__}: the lazy "
+            "values it yields later could not be replaced by their tensors. Return a list."
+        )
+    cells = getattr(leaf, "__closure__", None) or ()
+    if callable(leaf) and any(type(_contents(cell)) is Lazy for cell in cells):
+        raise UnsupportedOpError(
+            "the function given to batch_map returned a function holding a lazy value in its "
+            "closure, which batch_map cannot replace by its tensor: return the tensor, or "
+            "the function's result."
+        )
     for name, value in getattr(leaf, "__dict__", {}).items():
         if type(value) is Lazy:
             raise UnsupportedOpError(
@@ -99,3 +112,10 @@ def _refuse_hidden(leaf: Any) -> None:
                 "their tensors in lists, tuples, dicts, named tuples and dataclasses only. "
                 "Return the tensors in one of those (or make the class a dataclass)."
             )
+
+
+def _contents(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # a cell not filled yet
+        return None
