@@ -232,7 +232,9 @@ def validate_sample(self: Any, value: Any) -> Any:
             f"{type(self).__name__} at {user_site()} validates a value (log_prob, cdf) with "
             "isinstance(value, torch.Tensor), which a lazy value is not: inside batch_map, "
             f"make the distribution with validate_args=False ({type(self).__name__}(..., "
-            "validate_args=False))."
+            "validate_args=False)); one made inside another (OneHotCategorical's Categorical) "
+            "validates by default whatever the outer one was given: call "
+            "torch.distributions.Distribution.set_default_validate_args(False) before batch_map."
         )
     return _BEFORE.get((_DISTRIBUTION, "_validate_sample"), ORIGINAL_VALIDATE)(self, value)
 
