@@ -542,3 +542,26 @@ def test_a_module_member_set_to_a_per_instance_value_is_refused() -> None:
         )
     with pytest.raises(UnsupportedOpError, match="register_buffer of Module with a per-instance"):
         bf.batch_map(lambda x: holder.register_buffer("b", torch.tensor(x)), [[1.0], [2.0]])
+
+
+def test_a_write_pytorchs_own_code_makes_names_that_code() -> None:
+    """``Gamma.rsample`` clamps a detached view in place: the refusal read as if the user's
+    line wrote ``clamp_()``."""
+    lin = nn.Linear(3, 3).double()
+
+    def fn(x: torch.Tensor) -> Any:
+        rate = torch.exp(lin(torch.as_tensor(x)))
+        return torch.distributions.Gamma(rate, 1.0, validate_args=False).rsample()
+
+    with pytest.raises(
+        bf.UnsupportedOpError, match=r"clamp_\(\) \(inside PyTorch's torch/distributions/gamma.py"
+    ):
+        bf.batch_map(fn, _inputs(2))
+
+    def own(x: torch.Tensor) -> Any:
+        t = torch.as_tensor(x) * 1
+        return t[0:2].mul_(2) + t[1]
+
+    with pytest.raises(bf.UnsupportedOpError, match="writes into a view") as caught:
+        bf.batch_map(own, _inputs(2))
+    assert "inside PyTorch" not in str(caught.value)  # the user's own write

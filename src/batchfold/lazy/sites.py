@@ -36,6 +36,19 @@ def user_site() -> str:
     return "<unknown>"
 
 
+def inside_torch() -> str:
+    """`` (inside PyTorch's file:line, in function)`` when the innermost caller outside
+    batchfold is PyTorch's own code (a distribution's ``rsample`` writing in place), else
+    ``""``: an error about the call then names whose code made it."""
+    frame = sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
+        frame = frame.f_back
+    if frame is None or _is_user_file(frame.f_code.co_filename):
+        return ""
+    path = os.path.relpath(os.path.abspath(frame.f_code.co_filename), os.path.dirname(_TORCH_DIR))
+    return f" (inside PyTorch's {path}:{frame.f_lineno}, in {frame.f_code.co_name})"
+
+
 def version(tensor: Tensor) -> int:
     """How often ``tensor`` was changed in place (-1 for inference tensors, which never are)."""
     try:

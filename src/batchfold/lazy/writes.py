@@ -24,7 +24,7 @@ from .inference import template
 from .lazy_trees import has_lazy
 from .refusals import REFUSED
 from .semantics import VIEW_NAMES, VIEWS_OF_EVERY_ARGUMENT, base_name, in_place_form
-from .sites import func_name, user_site
+from .sites import func_name, inside_torch, user_site
 from .tensor import Lazy
 
 if TYPE_CHECKING:
@@ -172,16 +172,16 @@ class InPlaceWrites:
     def _check_aliases(self, target: Lazy, what: str) -> None:
         if target._view and any(ref() is not None for ref in target._view):
             raise UnsupportedOpError(
-                f"{what} at {user_site()} writes into a view of another lazy tensor. "
-                "Inside batch_map a write does not reach the tensor it views. Build the "
+                f"{what}{inside_torch()} at {user_site()} writes into a view of another lazy "
+                "tensor. Inside batch_map a write does not reach the tensor it views. Build the "
                 "new value out of place, e.g. x = torch.cat([x[:i], v, x[i + 1:]]), or "
                 "assign into the whole tensor: x[0, 1] = v instead of x[0][1] = v."
             )
         views = self._views_of.get(target._vid)
         if views and any(ref() is not None for ref in views):
             raise UnsupportedOpError(
-                f"{what} at {user_site()} changes a lazy tensor in place while a view of it "
-                "(from indexing, view, reshape, chunk, ...) is still in use; inside batch_map "
+                f"{what}{inside_torch()} at {user_site()} changes a lazy tensor in place while a "
+                "view of it (from indexing, view, reshape, chunk, ...) is still in use; inside batch_map "
                 "that view would keep the old values. Take the view after the write, or write "
                 "out of place: x = x + 1 instead of x += 1."
             )
