@@ -128,13 +128,17 @@ def test_a_change_before_or_after_the_calls_is_fine() -> None:
         assert_matches_eager(fn, _xs(), model)
 
 
-def test_a_batched_function_that_breaks_over_rows_is_the_users_error() -> None:
-    """A per-instance 0-d value arrives as [n]; ``a * s`` then fails over the batch. It was
-    called a bug in batchfold's rule."""
+@pytest.mark.parametrize("instances", [2, 3])
+def test_a_batched_function_that_is_not_row_by_row_is_the_users_error(instances: int) -> None:
+    """A per-instance 0-d value arrives as [n]; ``a * s`` then failed over the batch (called
+    a bug in batchfold's rule) or, with as many instances as a row is wide, broadcast along
+    the rows without a word."""
     scale = bf.function(lambda a, s: a * s, batched=True)
     fn = lambda x: scale(torch.tensor(x), torch.tensor(x)[0])  # noqa: E731
-    with pytest.raises(bf.ShapeError, match=r"code that takes a batch, raised over 2 instances"):
-        bf.batch_map(fn, _xs()[:2])
+    with pytest.raises(bf.ShapeError, match=r"takes a batch, but on 2 rows .*s\[:, None\]"):
+        bf.batch_map(fn, _xs()[:instances])
+    rowwise = bf.function(lambda a, s: a * s[:, None], batched=True)
+    assert_matches_eager(lambda x: rowwise(torch.tensor(x), torch.tensor(x)[0]), _xs()[:3])
 
 
 def test_setting_requires_grad_of_a_lazy_value_is_its_method() -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from .errors import CommandLineError
+from .errors import CommandLineError, ConfigError
 
 __all__ = ["COMMANDS", "TASKS", "build_parser", "checkpoint_arguments", "main"]
 
@@ -177,7 +177,13 @@ def _run(command: str, task: str, options: Sequence[str]) -> int:
         loop.train(module.make_task(args), args)
         return 0
     known, _ = parser.parse_known_args(options)
-    args = checkpoint_arguments(task, loop.load_checkpoint(known.checkpoint)["config"], options)
+    config = loop.load_checkpoint(known.checkpoint)["config"]
+    if config.get("task", task) != task:
+        raise ConfigError(
+            f"{known.checkpoint} is a checkpoint of {config['task']!r}, not {task!r}: "
+            f"evaluate it with 'batchfold eval {config['task']}'"
+        )
+    args = checkpoint_arguments(task, config, options)
     _set_threads(args.threads)
     metrics = loop.evaluate_checkpoint(
         module.make_task(args), args.checkpoint, args.split, args.device

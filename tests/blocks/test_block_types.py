@@ -224,3 +224,15 @@ def test_unhashable_elements_bad_zips_and_a_wrong_declared_output_name_the_block
     first = Vector(2) >> Function(lambda x: x[:, :1], out_type=declared, name="first")
     with pytest.raises(ShapeError, match=r"first \(a Function block at model\[1\]\) returned"):
         compile(first)([[1.0, 2.0]])
+
+
+def test_finding_a_functions_output_type_draws_nothing_from_the_generator():
+    """The trial call on zeros ran dropout in training mode: a run resumed from a checkpoint
+    compiled its blocks again and drew other masks than the run it continued."""
+    drop = torch.nn.Dropout(0.5)
+    torch.manual_seed(0)
+    want = torch.rand(3)
+    torch.manual_seed(0)
+    compile(Vector(4) >> Function(lambda x: torch.nn.functional.dropout(x, 0.5, training=True)))
+    compile(Vector(4) >> Function(drop))
+    assert torch.equal(torch.rand(3), want)

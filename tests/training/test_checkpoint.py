@@ -264,3 +264,25 @@ def test_an_out_that_cannot_be_written_is_one_line(
     assert cli.main(tiny_sst.train_argv(out)) == 1
     line = one_line_error(capsys.readouterr().err, out)
     assert line.startswith("batchfold train sst: error: --out")
+
+
+def test_eval_of_another_tasks_or_sizes_checkpoint_and_resume_with_fewer_epochs_are_one_line(
+    tiny_sst: TinySST, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A checkpoint of another task, or one that another --hidden does not fit, ended in
+    load_state_dict's traceback; --resume with fewer epochs than trained kept the weights,
+    wrote test results and a config that said otherwise, and exited 0."""
+    out = tmp_path / "run"
+    train_one_epoch(tiny_sst, out, capsys)
+    file = out / "best.pt"
+    assert cli.main(["eval", "tagger", "--checkpoint", str(file)]) == 1
+    line = one_line_error(capsys.readouterr().err, file)
+    assert "a checkpoint of 'sst', not 'tagger'" in line
+    assert cli.main(["eval", "sst", "--checkpoint", str(file), "--hidden", "6"]) == 1
+    line = one_line_error(capsys.readouterr().err, file)
+    assert "does not fit the model" in line and "size mismatch" in line
+    config = (out / "config.json").read_text()
+    assert cli.main(tiny_sst.train_argv(out, "--resume", "--epochs", "0")) == 1
+    line = one_line_error(capsys.readouterr().err, out / "last.pt")
+    assert "trained 1 epochs already; give --epochs 1 or more" in line
+    assert (out / "config.json").read_text() == config

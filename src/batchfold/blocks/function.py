@@ -161,6 +161,9 @@ class Function(Block):
             with ExitStack() as stack:
                 stack.enter_context(torch._C.DisableTorchFunction())
                 stack.enter_context(torch.no_grad())
+                # dropout drawn here would move the generator: a run resumed from a checkpoint
+                # would draw other masks than one that compiled its blocks once
+                stack.enter_context(torch.random.fork_rng(devices=_rng_devices()))
                 training = [(m, m.training) for m in self.modules]
                 stack.callback(lambda: [m.train(mode) for m, mode in training])
                 for module in self.modules:
@@ -295,3 +298,8 @@ __all__ = [
     "flatten_values",
     "modules_of",
 ]
+
+
+def _rng_devices() -> list[int]:
+    """The CUDA devices whose generators a trial call may move (none before CUDA is used)."""
+    return list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves, tree_map
 
-from ..errors import UnsupportedOpError
+from ..errors import ShapeError, UnsupportedOpError
 from ..graph import Signature
 from ..ops import OpRule, fill
 from .context import active_recorder
@@ -73,10 +73,35 @@ class BatchedFunction:
                         memory = o.untyped_storage().data_ptr()
                         found = found or memory in seen
                         seen.add(memory)
+                if self.batched:
+                    self._check_rows(args, kwargs, out)
             shared.append(found)
             return out
 
         return run
+
+    def _check_rows(self, args: tuple[Any, ...], kwargs: dict[str, Any], one: Any) -> None:
+        """Refuse a ``batched=True`` function whose outputs on a batch of 2 or 3 rows (copies
+        of this call's inputs) are not a row each: it does not treat dim 0 as the batch (``a *
+        s`` with ``s`` a per-instance 0-d value, which arrives as ``[n]``), and its batched
+        step would fail, or broadcast silently where ``n`` equals a row's width."""
+        want = [(tuple(t.shape), t.dtype) for t in tree_leaves(one) if isinstance(t, Tensor)]
+        for n in (2, 3):
+
+            def rows(x: Any, n: int = n) -> Any:
+                return x.unsqueeze(0).repeat(n, *([1] * x.dim())) if isinstance(x, Tensor) else x
+
+            try:
+                out = self.fn(*tree_map(rows, args), **tree_map(rows, kwargs))
+                got = [(tuple(t.shape), t.dtype) for t in tree_leaves(out) if isinstance(t, Tensor)]
+            except Exception as error:  # noqa: BLE001 - the user's code on a batch: named below
+                got = [f"{type(error).__name__}: {error}"]
+            if got != [((n, *shape), dtype) for shape, dtype in want]:
+                raise ShapeError(
+                    f"{self!r} takes a batch, but on {n} rows it gives {got}, not one row "
+                    f"each of {want}: it must treat dim 0 as the batch everywhere (a "
+                    "per-instance 0-d value arrives as [n]: broadcast it with s[:, None])."
+                )
 
     def output_grad(
         self, template: tuple[Any, Any], in_metas: tuple[Any, ...], grad: bool

@@ -177,7 +177,8 @@ def _add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="evaluate on the first N items of dev and test only (default: all)",
+        help="evaluate on the first N items of dev and test only (default: all; batchfold "
+        "eval does not take it from the checkpoint's run)",
     )
     group.add_argument(
         "--scheduler",

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from batchfold.errors import ConfigError
 from batchfold.training.checkpoint import load_checkpoint
 from batchfold.training.task import EagerBaseline, Task
 
@@ -131,5 +132,11 @@ def evaluate_checkpoint(
     """
     state = load_checkpoint(path, device)
     model = task.build_model().to(device)
-    model.load_state_dict(state["model"])
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as error:  # sizes given on the command line that the run did not use
+        raise ConfigError(
+            f"{path} does not fit the model these options make (leave out the size options "
+            f"to take the checkpoint's own): {str(error).splitlines()[-1].strip()}"
+        ) from None
     return evaluate(task, model, split)

@@ -226,6 +226,11 @@ def train(task: Task, args: argparse.Namespace) -> dict[str, Any]:
             raise ConfigError(f"--resume: no checkpoint at {file}; train without --resume first")
         state = load_checkpoint(file, args.device, advice=resume_advice(out))
         check_resume_config(state["config"], config, file)
+        if state["epoch"] > args.epochs:  # it would keep the weights and rewrite the config
+            raise ConfigError(
+                f"--resume --epochs {args.epochs}: {file} has trained {state['epoch']} epochs "
+                f"already; give --epochs {state['epoch']} or more"
+            )
         model.load_state_dict(state.get("trained", state["model"]))
         if average is not None:
             average.module.load_state_dict(state["model"])

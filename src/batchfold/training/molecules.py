@@ -82,7 +82,8 @@ def add_molecule_arguments(parser: argparse.ArgumentParser, title: str, data_hel
         default="lazy",
         help="lazy: per-molecule PyTorch code run by batch_map, one node per molecule; "
         "blocks: the Weave model as batchfold.blocks over atom and pair records, 5-7x "
-        "slower; same numbers (default: %(default)s)",
+        "slower; the same numbers without dropout (dropout draws one mask per instance with "
+        "lazy, as eagerly, and one per step with blocks) (default: %(default)s)",
     )
     group.add_argument("--atom-dim", type=int, default=50, help="atom state size (default: 50)")
     group.add_argument("--pair-dim", type=int, default=50, help="pair state size (default: 50)")

@@ -167,7 +167,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("lazy", "blocks"),
         default="lazy",
         help="lazy: per-tree PyTorch code run by batch_map; blocks: the same model as "
-        "batchfold.blocks combinators (Tree-LSTM only); same numbers (default: %(default)s)",
+        "batchfold.blocks combinators (Tree-LSTM only); the same numbers without dropout "
+        "(dropout draws one mask per instance with lazy, as eagerly, and one per step with "
+        "blocks) (default: %(default)s)",
     )
     group.add_argument(
         "--eval-batch-size",
