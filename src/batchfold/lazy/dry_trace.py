@@ -23,12 +23,11 @@ import random
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from torch import Tensor, nn
-from torch.utils._pytree import tree_leaves
+from torch import nn
 
 from ..graph import OUT_BITS, TensorMeta
 from .context import DRY_NODES, THREAD, DryStop
-from .kept import kept, still_same, unversioned, unversioned_key
+from .kept import kept, still_same, unversioned
 from .lengths import FIXED, SQUARE, Guard, class_of, guards_hold
 from .ragged_templates import RaggedTemplate, ragged_template
 from .tensor import Lazy
@@ -131,7 +130,7 @@ def dry_template(
     python_rng, numpy_rng = random.getstate(), np.random.get_state()
     graph.add, graph.add_source = add, add_source  # type: ignore[method-assign]
     THREAD.dry, THREAD.dry_stopped = True, False
-    THREAD.dry_ops = {unversioned_key(op): op for op, _, _ in earlier.ops}
+    THREAD.dry_ops = _ops_by_key(earlier)
     try:
         trace, result = cache.trace_call(module, args, kwargs, inputs, lengths, flags)
         found = trace.finish(result, rec.store.fallbacks, graph.views)
@@ -187,11 +186,22 @@ def _twins(obj: Any, rec: Any, shapes: Any, numbers: Any, vids: list[int]) -> An
     return obj
 
 
-def dry_signature(key: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def dry_signature(key: Any) -> Any:
     """In a dry trace, the kept template's op whose key is ``key`` but for the versions of
-    the tensors from outside among ``args`` and ``kwargs``; ``None`` if it has none."""
-    ops = getattr(THREAD, "dry_ops", None)
-    if not ops:
+    the tensors from outside it reads; ``None`` if it has none."""
+    found = getattr(THREAD, "dry_ops", None)
+    if not found:
         return None
-    shared = {id(t) for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)}
+    ops, shared = found
     return ops.get(unversioned(key, shared))
+
+
+def _ops_by_key(earlier: Template) -> tuple[dict[Any, Any], set[int]]:
+    """The ops of a kept template by their keys without versions, and the ids of the tensors
+    from outside they read (made once per template: it is kept across calls)."""
+    made = getattr(earlier, "_by_key", None)
+    if made is None:
+        shared = {id(t) for op, _, _ in earlier.ops for t, _ in op.shared}
+        made = ({unversioned(op.key, shared): op for op, _, _ in earlier.ops}, shared)
+        earlier._by_key = made  # type: ignore[attr-defined]
+    return made

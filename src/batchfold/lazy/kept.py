@@ -264,11 +264,6 @@ def still_same(earlier: Any, found: Any) -> bool:
     return True
 
 
-def unversioned_key(sig: Any) -> Any:
-    """``sig``'s key with each tensor from outside by identity alone (see :func:`unversioned`)."""
-    return unversioned(sig.key, {id(t) for t, _ in sig.shared})
-
-
 def _op_key(sig: Any, ragged: bool) -> Any:
     """``sig``'s key with tensors by identity; an op on packed rows its family's key."""
     shared = {id(t) for t, _ in sig.shared}

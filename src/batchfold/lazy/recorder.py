@@ -202,7 +202,7 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
         graph = self.graph
         sig = graph.lookup(key)
         if sig is None and dry():  # a dry trace's op of a weight read anew: the kept one's
-            sig = dry_signature(key, args, kwargs)
+            sig = dry_signature(key)
         if sig is None:  # in-place calls never get a signature: they record their out-of-place form
             if (operands := self.sources.operand(func, args, kwargs)) is not None:
                 return self.call(func, operands, kwargs)
