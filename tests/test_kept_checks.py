@@ -94,6 +94,29 @@ def test_a_global_or_class_attribute_changed_between_runs_is_read_anew(sequences
     assert assert_matches_eager(fn, _xs(sequences, 4), model).module_calls_cached > 0
 
 
+class Pooled(nn.Module):
+    """A pooling over rows that a global switches to one without a ragged rule."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: Any) -> Any:
+        h = torch.tanh(self.lin(x))
+        return h.cumsum(0)[-1] if FLAGS["bad"] else h.sum(0)
+
+
+def test_a_kept_call_on_sequences_now_without_a_ragged_rule_is_traced_again() -> None:
+    """The dry trace's template could not be made a ragged one: an AttributeError inside."""
+    model = Pooled()
+    fn = lambda x: model(torch.as_tensor(x))  # noqa: E731
+    xs = [x for x in _xs(True, 0) if len(x)]
+    assert_matches_eager(fn, xs, model)
+    assert_matches_eager(fn, xs, model)  # kept
+    FLAGS["bad"] = True
+    assert_matches_eager(fn, xs, model)
+
+
 def test_a_closure_cell_changed_between_runs_is_read_anew() -> None:
     factor = [1.0]
     model = _closure_module(factor)

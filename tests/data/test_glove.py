@@ -54,7 +54,10 @@ def test_iter_glove_plain_text(tmp_path: Path) -> None:
         (["a 1 2"], 3, ":1: expected 3 values after the word 'a', found 2"),
         (["a"], None, ":1: expected some values after the word 'a', found 0"),
         (["a 1 2", "", "c 1 2"], None, ":2: expected a word and its values, found an empty line"),
-        (["a 1 2", "b 1 x"], None, ":2: expected a number, found 'x'"),
+        (["a 1 2", "b 1 x"], None, ":2: expected a finite number, found 'x'"),
+        (["a 1 nan"], None, ":1: expected a finite number, found 'nan'"),  # read as NaN before
+        (["a 1 2", "b -inf 2"], None, ":2: expected a finite number, found '-inf'"),
+        (["a 1_000 2"], None, ":1: expected a finite number, found '1_000'"),
         ([" a 1 2"], None, ":1: expected a word and its values, found a space"),
     ],
 )
@@ -168,3 +171,17 @@ def test_real_coverage() -> None:
 def test_float32_matrix_under_a_float64_default(tiny_gz: Path) -> None:
     matrix, coverage = load_word_vectors(Vocab(["the", "zzz"]), tiny_gz, dim=3)
     assert matrix.dtype == torch.float32 and coverage == 0.5
+
+
+def test_a_byte_order_mark_is_no_part_of_the_first_word_and_other_encodings_are_named(
+    tmp_path: Path,
+) -> None:
+    """The first word came back as '\ufeffthe' (its row then random, without a word), and a
+    Latin-1 file met a bare UnicodeDecodeError naming no file."""
+    file = tmp_path / "bom.txt"
+    file.write_text("the 1 2\nof 3 4\n", encoding="utf-8-sig")
+    assert [word for word, _ in iter_glove(file)] == ["the", "of"]
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes("a 1 2\ncaf\u00e9 3 4\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=re.escape(f"{latin}: not UTF-8 text")):
+        list(iter_glove(latin))

@@ -358,3 +358,12 @@ def test_real_esol() -> None:
     assert (len(train), len(valid) + len(test)) == (902, 226)
     in_train = {murcko_scaffold(m) for m in train}
     assert not in_train & {murcko_scaffold(m) for m in valid + test}
+
+
+def test_scaffold_split_cuts_as_deepchem_does() -> None:
+    """Cut-offs were rounded (7 items: train up to round(5.6) = 6) where DeepChem compares
+    with 5.6 itself: a scaffold group went to train that DeepChem sends to validation."""
+    smiles = ["CCO"] * 3 + ["c1ccccc1O"] * 2 + ["C1CCCCC1", "C1CC1"]
+    train, valid, test = scaffold_split(smiles)
+    assert (len(train), len(valid), len(test)) == (5, 1, 1)
+    assert sorted(valid + test) == ["C1CC1", "C1CCCCC1"]

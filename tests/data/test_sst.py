@@ -345,3 +345,12 @@ def test_real_sst_no_break_space_token() -> None:
     hits = [w for t in data["train"] for w in t.words() if NBSP in w]
     assert sorted(hits) == [f"2{NBSP}1\\/2", f"2{NBSP}1\\/2", f"8{NBSP}1\\/2"]
     assert len(parse_tree(f"(2 8{NBSP}1\\/2)").leaves()) == 1
+
+
+def test_a_file_that_is_not_utf8_is_named(tmp_path: Path) -> None:
+    folder = tmp_path / "sst"
+    folder.mkdir()
+    for split in ("train", "dev", "test"):
+        (folder / f"{split}.txt").write_bytes("(2 (2 caf\u00e9) (2 ok))\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"train.txt: not UTF-8 text"):
+        sst.load_sst("train", folder)

@@ -24,6 +24,7 @@ import conllu
 from conllu.exceptions import ParseException
 from conllu.parser import DEFAULT_FIELD_PARSERS, DEFAULT_FIELDS, parse_line
 
+from batchfold.data.paths import not_utf8
 from batchfold.errors import ConlluFormatError
 
 __all__ = [
@@ -393,4 +394,7 @@ def read_conllu(path: str | os.PathLike[str]) -> list[Sentence]:
     """
     path = Path(path)
     with _open_text(path) as lines:
-        return list(_iter_sentences(lines, str(path)))
+        try:
+            return list(_iter_sentences(lines, str(path)))
+        except UnicodeDecodeError as error:
+            raise not_utf8(path, error) from None

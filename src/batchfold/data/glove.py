@@ -8,6 +8,7 @@ The project's data folder ``glove-sst`` holds GloVe 6B vectors filtered to the S
 from __future__ import annotations
 
 import gzip
+import math
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import TextIO
 
 import torch
 
-from batchfold.data.paths import find_data
+from batchfold.data.paths import find_data, not_utf8
 from batchfold.data.sst import unescape_word
 from batchfold.data.vocab import Vocab
 
@@ -37,14 +38,22 @@ SIDE_BY_SIDE = {150: (50, 100)}
 
 def _open(file: Path) -> TextIO:
     if file.suffix == ".gz":
-        return gzip.open(file, "rt", encoding="utf-8")
-    return open(file, encoding="utf-8")
+        return gzip.open(file, "rt", encoding="utf-8-sig")  # a byte-order mark is no word
+    return open(file, encoding="utf-8-sig")
 
 
 def _lines(file: Path, dim: int | None) -> Iterator[tuple[int, str, list[str]]]:
     """``(line number, word, value strings)`` for each line, with the value count checked."""
+    line_no = 0
     with _open(file) as f:
-        for line_no, line in enumerate(f, 1):
+        lines = enumerate(f, 1)
+        while True:
+            try:
+                line_no, line = next(lines)
+            except StopIteration:
+                return
+            except UnicodeDecodeError as error:  # decoded a block at a time: no line
+                raise not_utf8(file, error) from None
             word, *values = line.rstrip("\r\n ").split(" ")
             if not word:
                 found = "a space" if values else "an empty line"
@@ -61,18 +70,22 @@ def _lines(file: Path, dim: int | None) -> Iterator[tuple[int, str, list[str]]]:
 
 def _floats(values: list[str], file: Path, line_no: int) -> list[float]:
     try:
-        return [float(v) for v in values]
+        floats = [float(v) for v in values]
     except ValueError:
-        bad = next(v for v in values if not _is_float(v))
-        raise ValueError(f"{file}:{line_no}: expected a number, found {bad!r}") from None
+        floats = []
+    finite = len(floats) == len(values) and all(map(math.isfinite, floats))
+    if finite and not any("_" in v for v in values):  # float() reads "1_000" as 1000
+        return floats
+    bad = next(v for v in values if not _is_float(v))
+    raise ValueError(f"{file}:{line_no}: expected a finite number, found {bad!r}")
 
 
 def _is_float(text: str) -> bool:
     try:
-        float(text)
+        value = float(text)
     except ValueError:
         return False
-    return True
+    return math.isfinite(value) and "_" not in text
 
 
 def iter_glove(

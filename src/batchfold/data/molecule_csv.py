@@ -25,6 +25,7 @@ from batchfold.data.molecule_features import (
     featurize_mol,
     parse_smiles,
 )
+from batchfold.data.paths import not_utf8
 
 __all__ = ["MoleculeSet", "SkippedMoleculeWarning", "read_molecule_csv"]
 
@@ -144,7 +145,7 @@ def read_molecule_csv(
     molecules: list[Molecule] = []
     skipped: list[tuple[int, str]] = []
     with _open(Path(file)) as f:
-        reader = csv.reader(f)
+        reader = csv.reader(_utf8_lines(f, source))
         header = [name.strip() for name in next(reader, [])]
         wanted = [smiles_column, *label_columns]
         for name in wanted:
@@ -185,3 +186,11 @@ def read_molecule_csv(
             stacklevel=2,
         )
     return MoleculeSet(tuple(molecules), tuple(label_columns), source, tuple(skipped))
+
+
+def _utf8_lines(lines: Iterator[str], source: str) -> Iterator[str]:
+    """``lines``, with a file that is not UTF-8 text named in the error."""
+    try:
+        yield from lines
+    except UnicodeDecodeError as error:
+        raise not_utf8(source, error) from None

@@ -114,7 +114,8 @@ class Molecule:
 
     @property
     def n_atoms(self) -> int:
-        """The number of atoms (rdkit's heavy atoms plus any hydrogens the SMILES names)."""
+        """The number of atoms rdkit keeps: heavy atoms, and hydrogens only where the molecule
+        needs them (``[H][H]``, ``[2H]``; ``[H]OC`` has 2)."""
         return self.atom_features.shape[0]
 
     def __repr__(self) -> str:

@@ -119,7 +119,9 @@ def scaffold_split(
     else:
         random.Random(seed).shuffle(sets)
         sets.sort(key=len, reverse=True)
-    train_end, valid_end = _cutoffs(fractions, len(items))
+    _cutoffs(fractions, len(items))  # checks the fractions
+    # DeepChem compares with the products unrounded: round() moved a group across at .5 up
+    train_end, valid_end = fractions[0] * len(items), (fractions[0] + fractions[1]) * len(items)
     train: list[int] = []
     valid: list[int] = []
     test: list[int] = []

@@ -68,3 +68,9 @@ def find_data(name: str, path: str | os.PathLike[str] | None = None) -> Path | N
         if (root / name).is_dir():
             return root / name
     return None
+
+
+def not_utf8(file: str | os.PathLike[str], error: UnicodeDecodeError, line: int = 0) -> ValueError:
+    """The error for a data file that is not UTF-8 text (``line``: where, if known)."""
+    where = f"{file}:{line}" if line else str(file)
+    return ValueError(f"{where}: not UTF-8 text ({error.reason}); save the file as UTF-8")

@@ -72,7 +72,8 @@ def still_ragged(
     dry = dry_template(cache, earlier, module, *call, inputs, traced, flags)
     if dry is None or isinstance(dry[0], str) or dry[1] != guards or dry[0].handed_back:
         return False
-    if not still_same(earlier, ragged_template(dry[0], flags, traced)):
+    found = ragged_template(dry[0], flags, traced)
+    if isinstance(found, str) or not still_same(earlier, found):  # str: now no ragged rule
         return False
     return kept(key, module) is not None  # a dry trace compares no attributes: see there
 
