@@ -480,3 +480,21 @@ def test_transposes_that_name_the_rows_by_keyword_move_them() -> None:
     for fn in fns:
         for got, x in zip(bf.batch_map(fn, xs), xs, strict=True):
             torch.testing.assert_close(got, fn(x))
+
+
+def test_unbinding_a_sequence_of_no_rows_gives_nothing_as_eagerly() -> None:
+    """``x.unbind(0)`` (and ``list(x)``) of 0 rows is ``()`` eagerly; it was refused as an op
+    returning no tensor."""
+    xs = [torch.randn(2, 3, dtype=torch.float64), torch.randn(0, 3, dtype=torch.float64)]
+
+    def fn(x: torch.Tensor) -> Any:
+        t = torch.as_tensor(x)
+        return [r * 2 for r in t.unbind(0)], [r + 1 for r in t], torch.unbind(t, dim=0)
+
+    got = bf.batch_map(fn, xs)
+    for g, w in zip(got, [fn(x) for x in xs], strict=True):
+        assert [len(part) for part in g] == [len(part) for part in w]
+        for a, b in zip(
+            [t for part in g for t in part], [t for part in w for t in part], strict=True
+        ):
+            torch.testing.assert_close(a, b)

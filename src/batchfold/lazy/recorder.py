@@ -19,7 +19,6 @@ from torch.overrides import TorchFunctionMode
 from ..errors import (
     LAZY_AFTER_RUN,
     LazyValueError,
-    UnsupportedOpError,
 )
 from ..execute import Executor
 from ..graph import OUT_BITS, Graph, Signature
@@ -39,9 +38,9 @@ from .running_stats import NORMALISATIONS, RunningStats
 from .semantics import META_QUERIES, VIEW_NAMES
 from .shared_calls import READ, SharedCalls, refuse_stale
 from .signatures import SignatureMaker
-from .sites import func_name, user_site
+from .sites import func_name
 from .sizes import read_sizes
-from .sources import FACTORIES, SourceMaker
+from .sources import FACTORIES, SourceMaker, as_itself
 from .sync import Driver
 from .tensor import Lazy
 from .tensor_methods import install_methods
@@ -58,34 +57,14 @@ _PASS = frozenset([_SET_GRAD, Tensor.__int__, Tensor.__float__, Tensor.__bool__,
 install_methods()  # once, before any Lazy is made
 
 _AS_TENSOR = frozenset([torch.as_tensor, torch.asarray])
-_AS_TENSOR_KEYWORDS = frozenset(["dtype", "device", "copy", "requires_grad"])
+_UNBIND = frozenset([torch.unbind, Tensor.unbind])
 
 
-def _as_itself(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Lazy | None:
-    """``torch.as_tensor(x)`` or ``torch.asarray(x)`` of a lazy ``x`` that needs no conversion:
-    ``x`` itself, as eager PyTorch returns it (a write through the result changes ``x``), or
-    its detached view for ``requires_grad=False``; ``None`` for a call that converts or
-    copies, which records as an op. ``requires_grad=True`` of a value that does not require
-    grad is refused, as ``requires_grad_()`` is: a value inside is no leaf of its own."""
-    x: Lazy = args[0]
-    if len(args) > 1 or not _AS_TENSOR_KEYWORDS.issuperset(kwargs) or kwargs.get("copy"):
-        return None
-    dtype, device = kwargs.get("dtype"), kwargs.get("device")
-    if dtype is not None and dtype != x.dtype:
-        return None
-    if device is not None:  # "cuda" names the current one, as eager compares
-        with torch._C.DisableTorchFunction():
-            if torch.empty(0, device=device).device != x.device:
-                return None
-    grad = kwargs.get("requires_grad")
-    if grad is None or (grad and x.requires_grad):
-        return x  # requires_grad=True of a value that requires grad: eager returns it too
-    if not grad:
-        return x._rec.call(torch.Tensor.detach, (x,), {})
-    raise UnsupportedOpError(
-        f"torch.asarray(..., requires_grad=True) at {user_site()}: a tensor made inside the "
-        "function is not a leaf of its own; pass a tensor that requires grad in the instance"
-    )
+def _no_rows(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether an ``unbind`` call's dim has size 0 (``len(shape)``: its own error)."""
+    shape: tuple[int, ...] = args[0]._meta.shape
+    dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+    return type(dim) is int and -len(shape) <= dim < len(shape) and shape[dim] == 0
 
 
 _FACTORY_ARGS = frozenset((Tensor, int, float, bool))  # a factory call with these runs at once
@@ -160,12 +139,14 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
             raise LazyValueError(LAZY_AFTER_RUN.format(what=f"{func_name(func)}()"))
         if func in META_QUERIES and len(args) == 1 and not kwargs and type(args[0]) is Lazy:
             return META_QUERIES[func](args[0])  # x.ndimension(), torch.is_floating_point(x)
+        if func in _UNBIND and args and type(args[0]) is Lazy and _no_rows(args, kwargs):
+            return ()  # x.unbind() of a sequence of 0 rows: nothing, as eagerly
         if func in NORMALISATIONS:  # in training mode: see running_stats.py
             out = self.running_stats.record(self, func, args, kwargs)
             if out is not None:
                 return out
         if func in _AS_TENSOR and args and type(args[0]) is Lazy:
-            itself = _as_itself(args, kwargs)
+            itself = as_itself(args, kwargs)
             if itself is not None:
                 return itself
         if self.trace is not None and self.trace.lengths is not None:  # a ragged call's trace

@@ -307,3 +307,33 @@ class SourceMaker:
                     "before it the old ones, which batch_map cannot tell apart. Copy it when "
                     "reading it (torch.tensor(x)), or change it before."
                 )
+
+
+_AS_TENSOR_KEYWORDS = frozenset(["dtype", "device", "copy", "requires_grad"])
+
+
+def as_itself(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Lazy | None:
+    """``torch.as_tensor(x)`` or ``torch.asarray(x)`` of a lazy ``x`` that needs no conversion:
+    ``x`` itself, as eager PyTorch returns it (a write through the result changes ``x``), or
+    its detached view for ``requires_grad=False``; ``None`` for a call that converts or
+    copies, which records as an op. ``requires_grad=True`` of a value that does not require
+    grad is refused, as ``requires_grad_()`` is: a value inside is no leaf of its own."""
+    x: Lazy = args[0]
+    if len(args) > 1 or not _AS_TENSOR_KEYWORDS.issuperset(kwargs) or kwargs.get("copy"):
+        return None
+    dtype, device = kwargs.get("dtype"), kwargs.get("device")
+    if dtype is not None and dtype != x.dtype:
+        return None
+    if device is not None:  # "cuda" names the current one, as eager compares
+        with torch._C.DisableTorchFunction():
+            if torch.empty(0, device=device).device != x.device:
+                return None
+    grad = kwargs.get("requires_grad")
+    if grad is None or (grad and x.requires_grad):
+        return x  # requires_grad=True of a value that requires grad: eager returns it too
+    if not grad:
+        return x._rec.call(torch.Tensor.detach, (x,), {})
+    raise UnsupportedOpError(
+        f"torch.asarray(..., requires_grad=True) at {user_site()}: a tensor made inside the "
+        "function is not a leaf of its own; pass a tensor that requires grad in the instance"
+    )
