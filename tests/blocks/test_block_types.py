@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+import batchfold as bf
 from batchfold import ShapeError
 from batchfold.blocks import (
     FC,
@@ -236,3 +237,21 @@ def test_finding_a_functions_output_type_draws_nothing_from_the_generator():
     compile(Vector(4) >> Function(lambda x: torch.nn.functional.dropout(x, 0.5, training=True)))
     compile(Vector(4) >> Function(drop))
     assert torch.equal(torch.rand(3), want)
+
+
+def test_zeros_empty_batches_and_tensor_inputs_of_integer_blocks():
+    """``Zeros`` (the sum of no items, an RNN's first state) crashed inside ``batch_map``; a
+    padded output of an empty batch had no length dim; a float or out-of-range tensor given to
+    an integer block was truncated or wrapped where the same number is refused."""
+    total = Map(Scalar(F32)) >> Sum()
+    assert [t.item() for t in bf.batch_map(lambda v: total.eval(v), [[], [1.0, 2.0]])] == [0, 3]
+    out, _ = compile(Map(Vector(2)))([])
+    assert tuple(out.values.shape) == (0, 0, 2)
+    for block, value in [
+        (Scalar("int64"), torch.tensor(2.7)),
+        (Scalar("uint8"), torch.tensor(300)),
+    ]:
+        with pytest.raises(BlockInputError, match=r"expected integers in \[.*\], got a torch"):
+            compile(block)([value])
+    out, _ = compile(Scalar("int64"))([torch.tensor(3.0), torch.tensor(4, dtype=torch.int32)])
+    assert out.tolist() == [3, 4]

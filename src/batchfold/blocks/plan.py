@@ -184,8 +184,10 @@ def sequence_batch(
 ) -> SequenceBatch:
     """Sequences given one after another (``flat``) as a padded or concatenated batch."""
     counts = torch.from_numpy(lengths)
-    if layout == "concat" or len(lengths) == 0:
+    if layout == "concat":
         return SequenceBatch(flat, counts)
+    if len(lengths) == 0:  # no sequences: [0, 0, *shape], as padded ones of any batch
+        return SequenceBatch(flat.new_zeros((0, 0, *flat.shape[1:])), counts)
     batch, longest = len(lengths), int(lengths.max())
     rows = torch.repeat_interleave(torch.arange(batch), counts)
     starts = torch.repeat_interleave(counts.cumsum(0) - counts, counts)

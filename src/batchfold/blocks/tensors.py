@@ -66,6 +66,14 @@ def _fits(x: Any, shape: tuple[int, ...], integral: bool, span: range | None = N
     return all(_fits(item, shape[1:], integral, span) for item in x)
 
 
+def _fits_span(x: torch.Tensor, span: range) -> bool:
+    """Whether a tensor's values are integers in ``span`` (a cast would keep them)."""
+    with torch._C.DisableTorchFunction():
+        if x.is_complex() or (x.is_floating_point() and not torch.equal(x, x.trunc())):
+            return False
+        return x.numel() == 0 or span.start <= x.min().item() and x.max().item() < span.stop
+
+
 def _span(dtype: torch.dtype) -> range | None:
     """The integers a dtype holds (``None``: any, as floats and bool take every int)."""
     if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
@@ -103,7 +111,11 @@ class _TensorInput(Block):
             if isinstance(x, torch.Tensor):
                 if tuple(x.shape) != shape:
                     raise tape.fail(block, path, f"got a tensor of shape {tuple(x.shape)}")
-                x = x.to(t.dtype) if x.dtype != t.dtype else x
+                if x.dtype != t.dtype:
+                    if span is not None and not _fits_span(x, span):  # as a number would be
+                        want = f"integers in [{span.start}, {span.stop - 1}]"
+                        raise tape.fail(block, path, f"expected {want}, got a {x.dtype} tensor")
+                    x = x.to(t.dtype)
                 if tape.lazy and x.device != tape.device:
                     x = x.to(tape.device)
                 return tape.source(stack, x)

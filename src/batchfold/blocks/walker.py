@@ -305,7 +305,12 @@ class Tape:
         """The value id of the constant tensor of ``spec`` (one node per batch)."""
         make = spec.constant
         assert make is not None
-        return self.shared_source(spec, None, lambda: make(self.model, self.device))
+
+        def made() -> Any:  # a tensor, also inside batch_map (its recorder would make it lazy)
+            with torch._C.DisableTorchFunction():
+                return make(self.model, self.device)
+
+        return self.shared_source(spec, None, made)
 
     def lazy_recorder(self) -> Recorder:
         """The recorder that per-instance lazy code inside a ``Function`` records through."""
