@@ -255,3 +255,14 @@ def test_zeros_empty_batches_and_tensor_inputs_of_integer_blocks():
             compile(block)([value])
     out, _ = compile(Scalar("int64"))([torch.tensor(3.0), torch.tensor(4, dtype=torch.int32)])
     assert out.tolist() == [3, 4]
+
+
+def test_metrics_of_an_eval_inside_batch_map_are_one_tensor_as_outside():
+    """They came back as a list of 0-d tensors inside, one stacked tensor outside."""
+    block = Map(Vector(2) >> Metric("v"))
+    inputs = [[], [[1.0, 2.0], [3.0, 4.0]]]
+    inside = bf.batch_map(lambda x: block.eval(x)[1], inputs)
+    for got, x in zip(inside, inputs, strict=True):
+        want = block.eval(x)[1]
+        assert isinstance(got["v"], torch.Tensor) and got["v"].shape == want["v"].shape
+        torch.testing.assert_close(got["v"], want["v"])

@@ -336,14 +336,21 @@ class CompiledModel(nn.Module):
         result = map_tensors(out, self.out_type, as_lazy)
         if not self._metric_types:
             return result
-        metrics = {
-            name: [as_lazy(v, t) for v in tape.metrics[name]]
+        metrics = {  # stacked, as outside batch_map: one tensor of each metric's values
+            name: _stacked(rec, [as_lazy(v, t) for v in tape.metrics[name]], t, device)
             for name, t in self._metric_types.items()
         }
         return result, metrics
 
     def extra_repr(self) -> str:
         return f"root={self.root!r}"
+
+
+def _stacked(rec: Recorder, values: list[Lazy], t: TensorType, device: torch.device) -> Any:
+    """One instance's values of a metric as one lazy tensor ``[len(values), *t.shape]``."""
+    if values:
+        return rec.call(torch.stack, (values,), {})
+    return rec.call(torch.zeros, ((0, *t.shape),), {"dtype": t.dtype, "device": device})
 
 
 def compile(
