@@ -151,6 +151,22 @@ def test_value_shaped_calls_by_keyword_are_refused_as_by_position(case: str) -> 
         bf.batch_map(lambda x: make(torch.as_tensor(x)), XS)
 
 
+def _same_values_and_grads(
+    got: list[torch.Tensor], want: list[torch.Tensor], module: torch.nn.Module
+) -> None:
+    """Values equal, and the gradients of one weighted sum of each list w.r.t. the module's
+    parameters (each output weighted by its place, so a swapped row shows)."""
+    grads = []
+    for outs in (got, want):
+        total = sum((o * (i + 1)).sum() for i, o in enumerate(outs))
+        assert isinstance(total, torch.Tensor)
+        grads.append(torch.autograd.grad(total, list(module.parameters())))
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+    for g, w in zip(*grads, strict=True):
+        torch.testing.assert_close(g, w)
+
+
 def test_a_per_instance_table_is_looked_up_in_that_instance_alone() -> None:
     """vmap's embedding read a neighbour's row for an index out of a per-instance table
     (eager raises) and gave the padding row a gradient in all but one instance."""
@@ -164,16 +180,7 @@ def test_a_per_instance_table_is_looked_up_in_that_instance_alone() -> None:
     items = [(t, [0, 2, 5]) for t in tables]
     for padding in (2, -1, None):
         got = bf.batch_map(lambda item, p=padding: fn(item, p), items)
-        want = [fn(item, padding) for item in items]
-        grads = []
-        for outs in (got, want):
-            total = sum((o * (i + 1)).sum() for i, o in enumerate(outs))
-            assert isinstance(total, torch.Tensor)
-            grads.append(torch.autograd.grad(total, list(layer.parameters())))
-        for g, w in zip(got, want, strict=True):
-            torch.testing.assert_close(g, w)
-        for g, w in zip(*grads, strict=True):
-            torch.testing.assert_close(g, w)
+        _same_values_and_grads(got, [fn(item, padding) for item in items], layer)
     for bad in (6, -1):
         wrong = [(t, [0, bad] if i == 1 else [0, 1]) for i, t in enumerate(tables)]
         with pytest.raises(IndexError):
@@ -319,17 +326,8 @@ def test_a_size_read_inside_a_module_call_is_recorded_op_by_op_as_eager() -> Non
     got, stats = bf.batch_map(fn, xs, return_stats=True)
     want = [fn(x) for x in xs]
     assert stats.module_calls_cached == 0
-    grads = []
-    for outs in (got, want):
-        for g, w in zip(outs, want, strict=True):
-            assert g.shape == w.shape and g.requires_grad
-        total = sum((o * (i + 1)).sum() for i, o in enumerate(outs))
-        assert isinstance(total, torch.Tensor)
-        grads.append(torch.autograd.grad(total, list(lin.parameters())))
-    for g, w in zip(got, want, strict=True):
-        torch.testing.assert_close(g, w)
-    for g, w in zip(*grads, strict=True):
-        torch.testing.assert_close(g, w)
+    assert all(g.requires_grad and w.requires_grad for g, w in zip(got, want, strict=True))
+    _same_values_and_grads(got, want, lin)
 
 
 @pytest.mark.parametrize(
