@@ -234,3 +234,28 @@ def test_a_dry_trace_that_differs_leaves_nothing_done(change: str, sequences: bo
         assert torch.equal(g.signbit(), w.signbit())
     counts = [(m.calls, float(m.get_buffer("seen"))) for m in (model, eager_model)]
     assert counts[0] == counts[1]
+
+
+def test_kept_calls_on_sequences_across_grad_modes_and_weight_updates() -> None:
+    """A kept call checked dry in runs under grad, no_grad and inference_mode, with the
+    weights updated in place between runs: values, flags, dtypes and gradients as eager."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2))
+    fn = lambda x: model(torch.as_tensor(x)).sum(0) * 0.5  # noqa: E731
+    xs = [torch.randn(n, 4) for n in (3, 1, 5, 2, 4)]
+    params = list(model.parameters())
+    for step in range(6):
+        mode = (torch.enable_grad, torch.no_grad, torch.inference_mode)[step % 3]
+        with mode():
+            got, want = bf.batch_map(fn, xs), [fn(x) for x in xs]
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w)
+            assert (g.requires_grad, g.dtype) == (w.requires_grad, w.dtype)
+        if step % 3 == 0:
+            ours = torch.autograd.grad(torch.stack(got).sum(), params)
+            theirs = torch.autograd.grad(torch.stack(want).sum(), params)
+            for a, b in zip(ours, theirs, strict=True):
+                torch.testing.assert_close(a, b)
+            with torch.no_grad():
+                for p, g in zip(params, theirs, strict=True):
+                    p.sub_(0.1 * g)
