@@ -292,6 +292,18 @@ def test_a_later_batch_map_reuses_the_confirmed_trace_while_the_module_is_unchan
     assert _check(model, fn, xs).module_calls_cached == 0
 
 
+def test_a_kept_call_of_rows_takes_a_first_call_as_long_as_it_is_wide() -> None:
+    # [4, 4] alone is ambiguous (rows, or an adjacency); kept as rows, the next batch_map
+    # reads it as rows, so that no call is traced op by op (it was, once per batch_map)
+    forget()
+    model = AttentionClassifier(4, 6, 5, 3).double()
+    fn = lambda x: model(torch.as_tensor(x))  # noqa: E731
+    _check(model, fn, _sequences(seed=5))
+    square_first = _check(model, fn, _sequences(seed=6, lengths=[4, 2, 7, 4, 1]))
+    assert square_first.module_calls_traced == 0 and square_first.module_calls_cached == 5
+    assert square_first.steps == 2  # the sources and one macro step
+
+
 def test_a_module_with_an_lstm_is_reused_by_a_later_batch_map() -> None:
     forget()
     model = Encoder().double()  # nn.LSTM remakes its weak references to its weights per call

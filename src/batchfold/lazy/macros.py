@@ -156,8 +156,9 @@ class ModuleCache:
         ):
             return MISSED
         self.hits += 1
-        if entry.sig is None:
-            return _arguments(entry, args, {})
+        if entry.sig is None:  # hands back some of its arguments, records nothing
+            assert entry.template is not None
+            return entry.template.arguments(args, {})
         return self._add(entry, inputs, args)
 
     def call(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -195,7 +196,8 @@ class ModuleCache:
         if entry.confirmed and not own_hooks(module):
             self.hits += 1
             if entry.sig is None:  # hands back some of its arguments, records nothing
-                return _arguments(entry, args, kwargs)
+                assert entry.template is not None
+                return entry.template.arguments(args, kwargs)
             lazies: list[Lazy] = []
             if entry.template is not None and entry.template.handed_back:
                 template(args, lazies)  # in the order of inputs
@@ -389,15 +391,3 @@ def _set_outs(entry: _Entry, outs: list[int]) -> None:
     plain = not template.repeats and not template.handed_back
     pair = len(outs) == 2 and template.structure == (tuple, (None, None))
     entry.pair = (outs[0], outs[1]) if plain and pair else None
-
-
-def _arguments(entry: _Entry, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    assert entry.template is not None
-    refs = entry.template.outputs
-    if all(k < len(args) for _, k in refs) and all(type(a) is Lazy for a in args):
-        lazies: list[Any] = list(args)  # the common case: Identity(x)
-    else:
-        lazies = []
-        template((args, kwargs), lazies)
-    outs = [lazies[k] for _, k in refs]
-    return build(entry.template.structure, outs)

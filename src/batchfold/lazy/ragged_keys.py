@@ -87,6 +87,8 @@ def ragged_key(
         rows = cache.entries.get(rows_key)
         if rows is not None and rows.macro is not None:
             return rows_key, inputs, tuple(metas), flags, lengths
+        if rows is None and rows_key in kept_keys(module):  # kept by an earlier batch_map:
+            return rows_key, inputs, tuple(metas), flags, lengths  # checked there as rows
         flags = tuple(SQUARE if i == square else f for i, f in enumerate(flags))
     return key, inputs, tuple(metas), flags, lengths
 

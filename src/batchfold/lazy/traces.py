@@ -17,7 +17,8 @@ from ..graph import Signature
 from ..signature import INHERITS_GRAD, NO_GRAD
 from ..step_calls import Fallbacks, run_op, sources_batch
 from .function import BatchedFunction
-from .lazy_trees import flatten_lazies
+from .inference import template
+from .lazy_trees import build, flatten_lazies
 from .lengths import FIXED, ROWS, SQUARE, Guard, class_of, rows_flag
 from .semantics import VIEWS_OF_EVERY_ARGUMENT, base_name
 from .sites import version
@@ -179,6 +180,16 @@ class Template:
         """After each op, the earlier ops whose values no later op reads and the call does not
         return: a replay drops them then, so that over many rows it holds only the values still
         to be read (their memory is reused by the next ops instead of new pages touched)."""
+
+    def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The result of a call that records nothing and returns some of its arguments."""
+        refs = self.outputs
+        if all(k < len(args) for _, k in refs) and all(type(a) is Lazy for a in args):
+            lazies: list[Any] = list(args)  # the common case: Identity(x)
+        else:
+            lazies = []
+            template((args, kwargs), lazies)
+        return build(self.structure, [lazies[k] for _, k in refs])
 
     def node_grad(self, inputs: int) -> tuple[tuple[bool, tuple[int, ...]], ...] | None:
         """Each output's own grad rule (``Signature.set_output_grad``) for a node of this call
