@@ -329,6 +329,19 @@ def test_random_ops_on_the_short_path_draw_per_instance() -> None:
     assert all(set(d.tolist()) <= {0.0, 1.0} for d in draws)
 
 
+def test_feature_alpha_dropout_drops_an_instances_own_channels() -> None:
+    # stacked, [n, 1, C, T] took the instance for the channel: all its channels or none
+    items = [torch.ones(40, 7, dtype=torch.float64) for _ in range(4)]
+    channels = bf.batch_map(
+        lambda x: F.feature_alpha_dropout(torch.as_tensor(x)[None], 0.5, True), items
+    )
+    for out in channels:  # [1, 40, 7]: a channel is dropped whole, and not every one alike
+        assert (out == out[..., :1]).all() and len(set(out[0, :, 0].tolist())) == 2
+    rows = bf.batch_map(lambda x: F.feature_alpha_dropout(torch.as_tensor(x), 0.5, True), items)
+    for out in rows:  # [40, 7] is a batch of 40 features, each element dropped on its own
+        assert int((out == out[:, :1]).all(1).sum()) < 40
+
+
 @pytest.mark.parametrize("how", ["set_default_device", "with torch.device"])
 def test_a_default_device_places_what_an_instance_makes_as_eager(how: str) -> None:
     from torch.utils._device import _device_constructors

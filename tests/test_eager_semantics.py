@@ -323,9 +323,36 @@ def test_0d_operands_follow_eager_type_promotion(
     def fn(x: int) -> Any:
         t = torch.tensor([x, x + 1, x + 2]).to(tensor_dtype)
         s = torch.tensor(x + 1).to(scalar_dtype)
-        return t * s, t + s, torch.where(t > 1, t, s), torch.maximum(s, t)
+        return (
+            t * s,
+            t + s,
+            torch.where(t > 1, t, s),
+            torch.maximum(s, t),
+            torch.where(s > 2, t, s),  # a 0-d condition: no part of the promotion
+            t.where(s > 2, s),
+        )
 
     assert_matches_eager(fn, [1, 2, 3])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_a_cast_to_another_tensors_dtype_takes_no_operand(scheduler: str) -> None:
+    """``x.to(other)`` and ``x.type_as(other)`` read only ``other``'s dtype: they were refused
+    as ops mixing float dtypes, or failed in a batching rule for a 0-d ``other``."""
+    layer = nn.Linear(3, 2).double()
+
+    def fn(x: list[float]) -> Any:
+        h = torch.tensor(x)  # float32
+        wide = layer(h.type_as(layer.weight))  # float64, as the layer's weights
+        return (
+            wide,
+            h.to(wide),
+            h.type_as(wide[0]),  # a 0-d other
+            wide.to(h) * h[:2],
+            wide.type_as(layer.weight.float()),
+        )
+
+    assert_matches_eager(fn, [[1.0, 2.0, 3.0], [0.5, -1.0, 2.0]], layer, scheduler)  # type: ignore[arg-type]
 
 
 def test_an_op_with_more_outputs_than_value_ids_hold_is_refused() -> None:
@@ -592,7 +619,7 @@ def test_in_place_random_fills_draw_eagers_numbers() -> None:
     def fn(x: torch.Tensor) -> torch.Tensor:
         mu = head(torch.as_tensor(x))
         sample = torch.distributions.Normal(mu, 0.5, validate_args=False).rsample()
-        return sample + torch.empty(2).uniform_(-2.0, 3.0)
+        return sample + torch.empty(2).uniform_(-2.0, 3.0) + torch.empty(2).random_(5, 9)
 
     got = _same_draws(fn, xs, seed=3)
     (grad,) = torch.autograd.grad(torch.stack(got).sum(), head.weight)

@@ -304,6 +304,19 @@ def test_a_kept_call_of_rows_takes_a_first_call_as_long_as_it_is_wide() -> None:
     assert square_first.steps == 2  # the sources and one macro step
 
 
+@pytest.mark.parametrize("scheduler", ["agenda", "depth"])
+def test_a_recurrent_layer_on_a_sequence_of_no_rows_raises_eagers_error(
+    scheduler: Scheduler,
+) -> None:
+    # packed with the others (agenda), it failed on a shape deep inside the packed call
+    gru = nn.GRU(6, 4).double()
+    xs = _sequences(dim=6, lengths=[3, 0, 5])
+    with pytest.raises(RuntimeError, match="Expected sequence length to be larger than 0"):
+        gru(xs[1])
+    with pytest.raises(RuntimeError, match="Expected sequence length to be larger than 0"):
+        bf.batch_map(lambda x: gru(torch.as_tensor(x))[0], xs, scheduler=scheduler)
+
+
 def test_a_module_with_an_lstm_is_reused_by_a_later_batch_map() -> None:
     forget()
     model = Encoder().double()  # nn.LSTM remakes its weak references to its weights per call

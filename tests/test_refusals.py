@@ -121,6 +121,12 @@ CASES: list[tuple[str, Callable[[torch.Tensor], Any], str]] = [
     # valid eagerly: each once met a ShapeError that called the code wrong
     ("unsqueeze_", lambda x: _hidden(x).unsqueeze_(0), r"unsqueeze_\(\) at .*shape in place"),
     ("t_", lambda x: _hidden(x).view(1, 3).t_(), r"t_\(\) at .*rebind it instead"),
+    # a layout the batched rows do not have: it crashed in the batching rule
+    (
+        "channels_last",
+        lambda x: _hidden(x).view(1, 3, 1, 1).contiguous(memory_format=torch.channels_last),
+        r"contiguous\(memory_format=torch.channels_last\) of a per-instance value at",
+    ),
 ]
 
 

@@ -74,24 +74,40 @@ def _category(dtype: torch.dtype) -> int:
 
 
 def zero_d_casts(sig: Signature) -> list[tuple[int, torch.dtype]]:
-    """``(input, dtype)`` for each per-instance 0-d input that eager promotion casts."""
+    """``(input, dtype)`` for each per-instance 0-d input that eager promotion casts
+    (never ``where``'s condition, which takes no part in it)."""
     metas = sig.in_metas
     if all(m.shape for m in metas):
         return []
-    dims = [m.dtype for m in metas if m.shape]
+    skip = _where_condition(sig)
+    inputs = [(i, m) for i, m in enumerate(metas) if i != skip]
+    dims = [m.dtype for _, m in inputs if m.shape]
     dims += [t.dtype for t, _ in sig.shared if t.dim() > 0]
-    if not dims:
+    zeros = [m.dtype for _, m in inputs if not m.shape]
+    if not dims or not zeros:
         return []
     common = dims[0]
     for dtype in dims[1:]:
         common = torch.promote_types(common, dtype)
-    zeros = [m.dtype for m in metas if not m.shape]
     zero = zeros[0]
     for dtype in zeros[1:]:
         zero = torch.promote_types(zero, dtype)
     if _category(zero) > _category(common):  # eager: the category of the 0-d, the precision
         common = _wider_category(common, zero)  # of the tensors with dims where it can
-    return [(i, common) for i, m in enumerate(metas) if not m.shape and m.dtype != common]
+    return [(i, common) for i, m in inputs if not m.shape and m.dtype != common]
+
+
+_WHERES = (torch.where, torch.Tensor.where)
+
+
+def _where_condition(sig: Signature) -> int | None:
+    """Which input is ``where``'s per-instance condition, if it has one."""
+    if sig.func not in _WHERES or not isinstance(sig.template, tuple):
+        return None
+    args, kwargs = sig.template
+    at = 1 if sig.func is torch.Tensor.where else 0  # x.where(condition, y)
+    found = kwargs.get("condition", args[at] if len(args) > at else None)
+    return found.index if type(found) is Slot else None
 
 
 def _wider_category(dims: torch.dtype, zero: torch.dtype) -> torch.dtype:
@@ -187,7 +203,6 @@ register(
         "detach",
         "dropout",
         "alpha_dropout",
-        "feature_alpha_dropout",
         "nan_to_num",
         "hardsigmoid",
         "hardswish",

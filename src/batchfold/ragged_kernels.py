@@ -175,6 +175,8 @@ def _block_diagonal(blocks: Tensor, rows: Tensor, lengths: np.ndarray) -> Tensor
 
 def _packed_rnn(sig: Signature, inputs: list[Tensor], lengths: np.ndarray) -> tuple[Tensor, ...]:
     """A recurrent layer over sequences of different lengths as one ``PackedSequence`` call."""
+    if not lengths.all():  # eager's error, where a sequence of 0 rows runs alone
+        raise RuntimeError("Expected sequence length to be larger than 0 in RNN")
     args = sig.template[0]
     order = np.argsort(-lengths, kind="stable")  # longest first, as packed sequences want
     batch_sizes = (lengths[order][None, :] > np.arange(int(lengths.max()))[:, None]).sum(1)

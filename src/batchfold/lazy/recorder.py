@@ -34,6 +34,7 @@ from .lazy_trees import has_lazy, map_lazies
 from .lengths import plain_lengths
 from .macros import ModuleCache
 from .module_state import EPOCH
+from .refusals import refuse_channels_last
 from .running_stats import NORMALISATIONS, RunningStats
 from .semantics import META_QUERIES, VIEW_NAMES
 from .shared_calls import READ, SharedCalls, refuse_stale
@@ -58,6 +59,7 @@ install_methods()  # once, before any Lazy is made
 
 _AS_TENSOR = frozenset([torch.as_tensor, torch.asarray])
 _UNBIND = frozenset([torch.unbind, Tensor.unbind])
+_CASTS_LIKE = frozenset([Tensor.to, Tensor.type_as])  # x.to(other): other's dtype, no operand
 
 
 def _no_rows(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -187,6 +189,9 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
         if sig is None:  # in-place calls never get a signature: they record their out-of-place form
             if (operands := self.sources.operand(func, args, kwargs)) is not None:
                 return self.call(func, operands, kwargs)
+            if func in _CASTS_LIKE and (cast := _cast_like(args, kwargs)) is not None:
+                return self.call(Tensor.to, cast, {})
+            refuse_channels_last(func, kwargs)
             name = getattr(func, "__name__", "")
             if name[-1:] == "_" and name[:1] != "_":
                 return self._in_place_function(func, name, args, kwargs)
@@ -370,3 +375,16 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
                 return map_lazies(lambda _: next(values), results)
             own = self.shared_calls.own_results
             return [own(r, lambda _: next(values), twice) for r in results]
+
+
+def _cast_like(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+    """``x.to(other)`` or ``x.type_as(other)`` as ``x.to(other.dtype)`` when ``other`` is on
+    ``x``'s device: ``other`` gives a dtype, it is no operand of the op (nor of its check that
+    one op's floating tensors share a dtype)."""
+    if len(args) != 2 or kwargs or type(args[0]) is not Lazy:
+        return None
+    other = args[1]
+    meta = other._meta if type(other) is Lazy else other if isinstance(other, Tensor) else None
+    if meta is None or meta.device != args[0]._meta.device:
+        return None
+    return args[0], meta.dtype

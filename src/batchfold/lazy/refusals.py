@@ -275,3 +275,18 @@ def patch(on: bool) -> None:
             setattr(space, name, refusing)
         elif not on and current is refusing:
             setattr(space, name, _BEFORE.pop((space, name), original))
+
+
+_CHANNELS_LAST = (torch.channels_last, torch.channels_last_3d)
+
+
+def refuse_channels_last(func: Any, kwargs: dict[str, Any]) -> None:
+    """``x.contiguous(memory_format=torch.channels_last)`` on a per-instance value: its rows
+    of a batched tensor have a layout of their own, and whether eager would copy or return
+    ``x`` itself depends on ``x``'s strides."""
+    if kwargs.get("memory_format") in _CHANNELS_LAST:
+        raise UnsupportedOpError(
+            f"{func_name(func)}(memory_format={kwargs['memory_format']}) of a per-instance "
+            f"value at {user_site()}: inside batch_map a value is a row of a batched tensor "
+            "laid out by batch_map; leave out memory_format (it changes no value)."
+        )

@@ -78,7 +78,15 @@ def _random_fill(name: str) -> Callable[..., Any]:
     return fill
 
 
-_RANDOM_FILLS = ("normal_", "uniform_", "exponential_", "cauchy_", "log_normal_", "geometric_")
+_RANDOM_FILLS = (
+    "normal_",
+    "uniform_",
+    "exponential_",
+    "cauchy_",
+    "log_normal_",
+    "geometric_",
+    "random_",
+)
 _SPECIAL_IN_PLACE = {
     "copy_": _copy_,
     "fill_": _fill_,
