@@ -350,6 +350,7 @@ def test_a_cast_to_another_tensors_dtype_takes_no_operand(scheduler: str) -> Non
             h.type_as(wide[0]),  # a 0-d other
             wide.to(h) * h[:2],
             wide.type_as(layer.weight.float()),
+            layer.bias.to(h) * h[:2],  # a shared tensor cast to an instance's dtype
         )
 
     assert_matches_eager(fn, [[1.0, 2.0, 3.0], [0.5, -1.0, 2.0]], layer, scheduler)  # type: ignore[arg-type]

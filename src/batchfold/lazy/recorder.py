@@ -381,10 +381,9 @@ def _cast_like(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]
     """``x.to(other)`` or ``x.type_as(other)`` as ``x.to(other.dtype)`` when ``other`` is on
     ``x``'s device: ``other`` gives a dtype, it is no operand of the op (nor of its check that
     one op's floating tensors share a dtype)."""
-    if len(args) != 2 or kwargs or type(args[0]) is not Lazy:
+    if len(args) != 2 or kwargs:
         return None
-    other = args[1]
-    meta = other._meta if type(other) is Lazy else other if isinstance(other, Tensor) else None
-    if meta is None or meta.device != args[0]._meta.device:
+    x, other = (a._meta if type(a) is Lazy else a if isinstance(a, Tensor) else None for a in args)
+    if x is None or other is None or x.device != other.device:
         return None
-    return args[0], meta.dtype
+    return args[0], other.dtype
