@@ -13,6 +13,8 @@ from rdkit.Chem import rdPartialCharges
 
 from batchfold.data import molecules
 from batchfold.data.molecules import (
+    ATOM_COUNT_FEATURE_NAMES,
+    ATOM_COUNT_FEATURES,
     ATOM_FEATURE_NAMES,
     ATOM_FEATURES,
     ESOL_TARGET,
@@ -123,6 +125,21 @@ def test_ethanol() -> None:
     )
     assert pair(m, 0, 2) == pair(m, 2, 0) == {f"distance<={d}" for d in range(2, 8)}
     assert m.label.tolist() == [pytest.approx(-0.77)] and m.mask.tolist() == [True]
+
+
+def test_atom_counts_are_degrees_and_hydrogens() -> None:
+    # ethanol, acetate and benzene: CH3-CH2-OH; CH3-C(=O)-O-; six aromatic CH
+    counts = {"CCO": [(1, 3), (2, 2), (1, 1)], "CC(=O)[O-]": [(1, 3), (3, 0), (1, 0), (1, 0)]}
+    counts["c1ccccc1"] = [(2, 1)] * 6
+    for smiles, want in counts.items():
+        plain, m = featurize(smiles), featurize(smiles, atom_counts=True)
+        assert m.atom_features.shape[1] == ATOM_FEATURES + ATOM_COUNT_FEATURES == 38
+        assert torch.equal(m.atom_features[:, :ATOM_FEATURES], plain.atom_features)
+        got = [
+            {name for name, v in zip(ATOM_COUNT_FEATURE_NAMES, row, strict=True) if v}
+            for row in m.atom_features[:, ATOM_FEATURES:].tolist()
+        ]
+        assert got == [{f"degree={d}", f"hydrogens={h}"} for d, h in want]
 
 
 def test_charged_acetate() -> None:

@@ -196,6 +196,21 @@ def test_dropout_is_saved_and_runs_saved_before_it_had_none(tmp_path: Path):
     assert cli.main(["eval", "esol", "--checkpoint", str(out / "last.pt"), "--split", "dev"]) == 0
 
 
+def test_atom_counts_widen_the_input_and_runs_saved_before_them_had_none(tmp_path: Path):
+    out = tmp_path / "run"
+    argv = ["train", "esol", "--data", str(write_esol(tmp_path)), "--epochs", "1"]
+    argv += ["--atom-dim", "6", "--pair-dim", "5", "--gather-dim", "4", "--hidden", "4"]
+    argv += ["--threads", "1", "--out", str(out), "--atom-counts"]
+    assert cli.main(argv) == 0
+    config = json.loads((out / "config.json").read_text())
+    weights = loop.load_checkpoint(out / "last.pt")["model"]
+    assert config["atom_counts"] is True
+    assert weights["weave.0.atom_to_atom_layer.weight"].shape[1] == 38
+    older = {k: v for k, v in config.items() if k != "atom_counts"}
+    assert as_saved(older)["atom_counts"] is False
+    assert cli.main(["eval", "esol", "--checkpoint", str(out / "last.pt"), "--split", "dev"]) == 0
+
+
 def test_missing_data_says_where_to_get_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     argv = ["train", "tox21", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o")]
     assert cli.main(argv) == 1

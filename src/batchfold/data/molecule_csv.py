@@ -103,6 +103,7 @@ def read_molecule_csv(
     binary: bool = False,
     strict: bool = False,
     max_pair_distance: int | None = None,
+    atom_counts: bool = False,
 ) -> MoleculeSet:
     """Read a CSV file with a header, a SMILES column and label columns into molecules.
 
@@ -118,6 +119,7 @@ def read_molecule_csv(
         binary: labels must be 0 or 1 (classification) rather than any finite number.
         strict: raise :class:`MoleculeFormatError` on a SMILES rdkit cannot parse.
         max_pair_distance: passed to :func:`featurize`.
+        atom_counts: passed to :func:`featurize`.
 
     Returns:
         The :class:`MoleculeSet`.
@@ -176,7 +178,13 @@ def read_molecule_csv(
                 skipped.append((reader.line_num, smiles))
                 continue
             molecules.append(
-                featurize_mol(mol, smiles, labels, max_pair_distance=max_pair_distance)
+                featurize_mol(
+                    mol,
+                    smiles,
+                    labels,
+                    max_pair_distance=max_pair_distance,
+                    atom_counts=atom_counts,
+                )
             )
     if skipped:
         warnings.warn(

@@ -19,6 +19,8 @@ from rdkit.Chem import Lipinski, rdPartialCharges
 from batchfold.errors import MoleculeFormatError
 
 __all__ = [
+    "ATOM_COUNT_FEATURES",
+    "ATOM_COUNT_FEATURE_NAMES",
     "ATOM_FEATURES",
     "ATOM_FEATURE_NAMES",
     "PAIR_FEATURES",
@@ -61,8 +63,19 @@ PAIR_FEATURE_NAMES: tuple[str, ...] = (
 )
 """The name of each column of :attr:`Molecule.pair_features`, in order."""
 
+ATOM_COUNT_FEATURE_NAMES: tuple[str, ...] = (
+    *(f"degree={d}" for d in range(6)),
+    *(f"hydrogens={h}" for h in range(5)),
+)
+"""The columns ``atom_counts=True`` adds after :data:`ATOM_FEATURE_NAMES`: the atom's degree
+(heavy-atom neighbours, 5 for 5 or more) and its hydrogens (implicit and explicit, 4 for 4 or
+more), one-hot, as DeepChem's featurizer has them."""
+
 ATOM_FEATURES = len(ATOM_FEATURE_NAMES)
 """The number of features per atom (27)."""
+
+ATOM_COUNT_FEATURES = len(ATOM_COUNT_FEATURE_NAMES)
+"""The number of columns ``atom_counts=True`` adds (11)."""
 
 PAIR_FEATURES = len(PAIR_FEATURE_NAMES)
 """The number of features per atom pair (12)."""
@@ -160,6 +173,7 @@ def featurize(
     label: Sequence[float | None] = (),
     *,
     max_pair_distance: int | None = None,
+    atom_counts: bool = False,
 ) -> Molecule:
     """Parse a SMILES with rdkit and compute its atom and pair features.
 
@@ -171,6 +185,8 @@ def featurize(
         label: the targets, ``None`` for a missing one (it gets ``mask`` False and value 0).
         max_pair_distance: keep only pairs at most this many bonds apart (pairs in different
             fragments are infinitely far apart); by default all ordered pairs ``i != j``.
+        atom_counts: add the columns :data:`ATOM_COUNT_FEATURE_NAMES` (each atom's degree
+            and hydrogens) after the paper's 27.
 
     Returns:
         The :class:`Molecule`.
@@ -187,7 +203,9 @@ def featurize(
     mol, reason = parse_smiles(smiles)
     if mol is None:
         raise MoleculeFormatError(f"rdkit cannot parse SMILES {smiles.strip()!r} ({reason})")
-    return featurize_mol(mol, smiles, label, max_pair_distance=max_pair_distance)
+    return featurize_mol(
+        mol, smiles, label, max_pair_distance=max_pair_distance, atom_counts=atom_counts
+    )
 
 
 def featurize_mol(
@@ -196,6 +214,7 @@ def featurize_mol(
     label: Sequence[float | None] = (),
     *,
     max_pair_distance: int | None = None,
+    atom_counts: bool = False,
 ) -> Molecule:
     """The :class:`Molecule` of an rdkit molecule that :func:`parse_smiles` returned.
 
@@ -206,6 +225,7 @@ def featurize_mol(
         smiles: the SMILES it came from, kept in :attr:`Molecule.smiles`.
         label: as for :func:`featurize`.
         max_pair_distance: as for :func:`featurize`.
+        atom_counts: as for :func:`featurize`.
 
     Returns:
         The :class:`Molecule`.
@@ -232,7 +252,7 @@ def featurize_mol(
     ]
     return Molecule(
         smiles=smiles.strip(),
-        atom_features=torch.from_numpy(_atom_features(mol)),
+        atom_features=torch.from_numpy(_atom_features(mol, atom_counts)),
         bonds=torch.tensor(bonds, dtype=torch.int64).reshape(-1, 2),
         pair_index=torch.from_numpy(pair_index),
         pair_features=torch.from_numpy(pair_features),
@@ -241,8 +261,9 @@ def featurize_mol(
     )
 
 
-def _atom_features(mol: Chem.Mol) -> np.ndarray:
-    features = np.zeros((mol.GetNumAtoms(), ATOM_FEATURES), dtype=np.float32)
+def _atom_features(mol: Chem.Mol, counts: bool) -> np.ndarray:
+    width = ATOM_FEATURES + ATOM_COUNT_FEATURES if counts else ATOM_FEATURES
+    features = np.zeros((mol.GetNumAtoms(), width), dtype=np.float32)
     rdPartialCharges.ComputeGasteigerCharges(mol)
     centres = dict(
         Chem.FindMolChiralCenters(mol, includeUnassigned=False, useLegacyImplementation=False)
@@ -263,6 +284,9 @@ def _atom_features(mol: Chem.Mol) -> np.ndarray:
         row[_COLUMN["hbond_donor"]] = atom.GetIdx() in donors
         row[_COLUMN["hbond_acceptor"]] = atom.GetIdx() in acceptors
         row[_COLUMN["aromatic"]] = atom.GetIsAromatic()
+        if counts:
+            row[ATOM_FEATURES + min(atom.GetDegree(), 5)] = 1
+            row[ATOM_FEATURES + 6 + min(atom.GetTotalNumHs(), 4)] = 1
     first_ring = _COLUMN[f"rings_of_size={_RING_SIZES[0]}"]
     for ring in mol.GetRingInfo().AtomRings():
         if len(ring) in _RING_SIZES:

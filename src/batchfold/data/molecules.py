@@ -26,7 +26,12 @@ Kearnes et al., "Molecular graph convolutions: moving beyond fingerprints" (2016
 - 24-25: hydrogen-bond donor, acceptor, by rdkit's Lipinski SMARTS patterns
   (``Lipinski.HDonorSmarts``, ``HAcceptorSmarts``). DeepChem's Weave featurizer uses
   rdkit's ``BaseFeatures.fdef`` instead, whose acceptors miss anionic and furan oxygens;
-- 26: aromatic.
+- 26: aromatic;
+- with ``atom_counts=True`` (:data:`ATOM_COUNT_FEATURES` = 11 more columns), 27-32: the
+  atom's degree 0-5 (5 for 5 or more), one-hot; 33-37: its hydrogens 0-4 (implicit and
+  explicit, 4 for 4 or more), one-hot. Two of the atom features of DeepChem's featurizer,
+  with which MoleculeNet's Weave results were made; the paper's table has neither, so a
+  model never sees a hydrogen it does not hold as an atom.
 
 Pair features (``pair_features``, :data:`PAIR_FEATURES` = 12 columns, Kearnes et al.
 Table 2), one row per ordered atom pair ``(i, j)`` with ``i != j`` in ``pair_index``:
@@ -58,6 +63,8 @@ from pathlib import Path
 
 from batchfold.data.molecule_csv import MoleculeSet, SkippedMoleculeWarning, read_molecule_csv
 from batchfold.data.molecule_features import (
+    ATOM_COUNT_FEATURE_NAMES,
+    ATOM_COUNT_FEATURES,
     ATOM_FEATURE_NAMES,
     ATOM_FEATURES,
     PAIR_FEATURE_NAMES,
@@ -70,6 +77,8 @@ from batchfold.data.molecule_splits import murcko_scaffold, random_split, scaffo
 from batchfold.data.paths import data_roots, find_data
 
 __all__ = [
+    "ATOM_COUNT_FEATURES",
+    "ATOM_COUNT_FEATURE_NAMES",
     "ATOM_FEATURES",
     "ATOM_FEATURE_NAMES",
     "ESOL_TARGET",
@@ -141,6 +150,7 @@ def load_esol(
     *,
     strict: bool = False,
     max_pair_distance: int | None = None,
+    atom_counts: bool = False,
 ) -> MoleculeSet:
     """Read ESOL (Delaney 2004): 1,128 molecules with their measured log solubility.
 
@@ -152,6 +162,7 @@ def load_esol(
         path: the file or its folder.
         strict: raise on a SMILES rdkit cannot parse instead of skipping it.
         max_pair_distance: passed to :func:`featurize`.
+        atom_counts: passed to :func:`featurize`.
 
     Returns:
         The :class:`MoleculeSet` (one task).
@@ -174,7 +185,12 @@ def load_esol(
         f"distributes it as {ESOL_URL}.",
     )
     return read_molecule_csv(
-        file, "smiles", [ESOL_TARGET], strict=strict, max_pair_distance=max_pair_distance
+        file,
+        "smiles",
+        [ESOL_TARGET],
+        strict=strict,
+        max_pair_distance=max_pair_distance,
+        atom_counts=atom_counts,
     )
 
 
@@ -183,6 +199,7 @@ def load_tox21(
     *,
     strict: bool = False,
     max_pair_distance: int | None = None,
+    atom_counts: bool = False,
 ) -> MoleculeSet:
     """Read Tox21: 7,831 molecules with 12 binary toxicity labels, 17 % of them missing.
 
@@ -196,6 +213,7 @@ def load_tox21(
         path: the file or its folder.
         strict: raise on a SMILES rdkit cannot parse instead of skipping it.
         max_pair_distance: passed to :func:`featurize`.
+        atom_counts: passed to :func:`featurize`.
 
     Returns:
         The :class:`MoleculeSet` (12 tasks).
@@ -219,5 +237,11 @@ def load_tox21(
         "has it as data/tox21.csv.",
     )
     return read_molecule_csv(
-        file, "smiles", TOX21_TASKS, binary=True, strict=strict, max_pair_distance=max_pair_distance
+        file,
+        "smiles",
+        TOX21_TASKS,
+        binary=True,
+        strict=strict,
+        max_pair_distance=max_pair_distance,
+        atom_counts=atom_counts,
     )

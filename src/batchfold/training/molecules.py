@@ -26,6 +26,8 @@ import batchfold as bf
 from batchfold.blocks import CompiledModel
 from batchfold.blocks import compile as compile_blocks
 from batchfold.data.molecules import (
+    ATOM_COUNT_FEATURES,
+    ATOM_FEATURES,
     Molecule,
     MoleculeSet,
     SkippedMoleculeWarning,
@@ -84,6 +86,13 @@ def add_molecule_arguments(parser: argparse.ArgumentParser, title: str, data_hel
         "blocks: the Weave model as batchfold.blocks over atom and pair records, 5-7x "
         "slower; the same numbers without dropout (dropout draws one mask per instance with "
         "lazy, as eagerly, and one per step with blocks) (default: %(default)s)",
+    )
+    group.add_argument(
+        "--atom-counts",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="add each atom's degree and hydrogen count (one-hot, as DeepChem's featurizer "
+        "has them) to Kearnes et al.'s 27 atom features (default: %(default)s)",
     )
     group.add_argument("--atom-dim", type=int, default=50, help="atom state size (default: 50)")
     group.add_argument("--pair-dim", type=int, default=50, help="pair state size (default: 50)")
@@ -149,7 +158,7 @@ class MoleculeTask(abc.ABC):
 
     Arguments:
         args: the options of :func:`add_molecule_arguments` and of the loop.
-        load: reads the data set, given ``path`` and ``max_pair_distance``.
+        load: reads the data set, given ``path``, ``max_pair_distance`` and ``atom_counts``.
 
     Raises:
         FileNotFoundError: the data set is missing (the message says where to get it).
@@ -170,6 +179,8 @@ class MoleculeTask(abc.ABC):
     keep: str | None = "best"
     """The task's default ``--keep``: the best dev epoch's weights, or the last epoch's
     (``None``: the task decides once it has its options)."""
+    atom_counts = False
+    """The task's default ``--atom-counts``."""
     lower_is_better = False
     unit = "molecules"
 
@@ -181,14 +192,23 @@ class MoleculeTask(abc.ABC):
             parser: the ``batchfold train <task>`` parser.
         """
         add_molecule_arguments(parser, cls.title, cls.data_help)
-        parser.set_defaults(epochs=cls.epochs, lr_schedule=cls.lr_schedule, keep=cls.keep)
+        parser.set_defaults(
+            epochs=cls.epochs,
+            lr_schedule=cls.lr_schedule,
+            keep=cls.keep,
+            atom_counts=cls.atom_counts,
+        )
 
     def __init__(self, args: argparse.Namespace, load: Callable[..., MoleculeSet]) -> None:
         self.args = args
         with warnings.catch_warnings():  # one line below instead of one warning per row
             warnings.simplefilter("ignore", SkippedMoleculeWarning)
             try:
-                data = load(args.data, max_pair_distance=args.max_pair_distance)
+                data = load(
+                    args.data,
+                    max_pair_distance=args.max_pair_distance,
+                    atom_counts=args.atom_counts,
+                )
             except FileNotFoundError as err:
                 raise FileNotFoundError(f"{err} On the command line: --data PATH.") from err
         if args.splitter == "scaffold":
@@ -224,6 +244,7 @@ class MoleculeTask(abc.ABC):
             a.hidden,
             a.gather,
             dropout=a.dropout,
+            atom_features=ATOM_FEATURES + (ATOM_COUNT_FEATURES if a.atom_counts else 0),
         )
 
     def param_groups(self, model: nn.Module, lr: float) -> list[dict[str, Any]]:

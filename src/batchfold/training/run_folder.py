@@ -48,8 +48,8 @@ _ADDED_LATER = {
 _ADDED_LATER_BY_TASK = {
     "tagger": {"glove": "none"},
     "parser": {"glove": "none", "tag_dropout": 0.0},
-    "esol": {"dropout": 0.0},
-    "tox21": {"dropout": 0.0},
+    "esol": {"dropout": 0.0, "atom_counts": False},
+    "tox21": {"dropout": 0.0, "atom_counts": False},
 }
 
 
