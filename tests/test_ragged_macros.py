@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -179,6 +180,39 @@ def test_arithmetic_on_the_length_is_not_cached() -> None:
     stats = _check(model, lambda x: model(torch.as_tensor(x)), _sequences())
     assert _nodes(stats, "Mean") == 0  # its linear layer is cached: a call of its own
     assert any("uses the length of a ragged input" in m for m in stats.module_misses)
+
+
+class TypeChecks(nn.Module):
+    """Reads its input's length and shape as eager code may: their types, text, int methods."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 2)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        n, shape = h.shape[0], h.shape
+        scale = n if isinstance(n, int) and isinstance(shape, torch.Size) else -1
+        return self.lin(h).sum(0) * scale + len(str(shape)) + n.bit_length() + n.real
+
+
+def test_a_traced_calls_length_and_shape_pass_for_an_int_and_a_size() -> None:
+    # in a traced call they were a stand-in and a tuple: isinstance said no, str(shape) was
+    # "(2, 4)", and the call was cached with the other branch (a silently different number)
+    forget()
+    model = TypeChecks().double()
+    stats = _check(model, lambda x: model(torch.as_tensor(x)), _sequences())
+    assert any("uses the length of a ragged input" in m for m in stats.module_misses)
+
+
+def test_a_length_handed_where_a_plain_int_is_needed_says_how_to_write_it() -> None:
+    class Positions(nn.Module):
+        def forward(self, h: torch.Tensor) -> torch.Tensor:
+            return torch.as_tensor(np.arange(h.shape[0]), dtype=h.dtype) @ h
+
+    model = Positions()
+    with pytest.raises(TypeError) as caught:
+        bf.batch_map(lambda x: model(torch.as_tensor(x)), _sequences())
+    assert any("write int(x.shape[0])" in note for note in caught.value.__notes__)
 
 
 class WithLength(nn.Module):

@@ -61,6 +61,12 @@ class Traced(Protocol):
 
 
 USED = "uses the length of a ragged input in {how} (only comparisons with numbers are allowed)"
+LENGTH_NOTE = (
+    "batchfold: {name} (called at {site}) was traced on ragged inputs, where x.shape[0] and "
+    "len(x) are stand-ins for the length; if eager code does not raise this, a stand-in "
+    "reached a function that takes a plain int (NumPy, json, some torch arguments): write "
+    "int(x.shape[0]) there, or mark the module batchfold.no_cache(module)"
+)
 
 
 class Length:
@@ -81,6 +87,15 @@ class Length:
         answer = self.value != 0
         self.trace.guards.append(("__ne__", 0, answer, self.cls))
         return answer
+
+    @property
+    def __class__(self) -> type:  # type: ignore[override]  # isinstance(n, int): no use
+        return int
+
+    def __getattr__(self, name: str) -> Any:  # n.real, n.bit_length(): uses
+        if name.startswith("__") or name in Length.__slots__:
+            raise AttributeError(name)
+        return getattr(self.used(f".{name}"), name)
 
 
 def _comparison(name: str) -> Any:
@@ -153,6 +168,15 @@ class TracedShape(tuple):
     ints only), with ``torch.Size``'s ``numel``."""
 
     __slots__ = ()
+
+    @property
+    def __class__(self) -> type:  # type: ignore[override]  # isinstance(x.shape, torch.Size)
+        return torch.Size
+
+    def __repr__(self) -> str:  # torch.Size's; each length's a use
+        return f"torch.Size([{', '.join(map(repr, self))}])"
+
+    __str__ = __repr__
 
     def numel(self) -> int:
         """Number of elements: a use of the length."""

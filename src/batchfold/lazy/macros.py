@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from ..errors import add_note
 from ..graph import OUT_BITS, Signature
 from ..ops import OpRule
 from .context import dry
@@ -27,7 +28,7 @@ from .dry_trace import still_kept
 from .inference import template
 from .kept import keep, kept
 from .lazy_trees import build
-from .lengths import Guard, plain_result
+from .lengths import LENGTH_NOTE, Guard, plain_result
 from .module_state import EPOCH, Watch, Watchers, attribute_state, changed_attribute
 from .ragged_keys import (
     BY_SHAPE,
@@ -267,6 +268,10 @@ class ModuleCache:
             result = ORIGINAL_CALL(module, *args, **kwargs)
             if lengths is not None:
                 result = plain_result(result)  # x.shape[0] returned: the number
+        except TypeError as error:
+            if lengths is not None and not dry():
+                add_note(error, LENGTH_NOTE.format(name=type(module).__name__, site=user_site()))
+            raise
         finally:
             if rec.trace is trace:  # a read inside the call has already stopped it
                 rec.trace = None
