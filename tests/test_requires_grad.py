@@ -109,6 +109,34 @@ def test_calls_outside_grad_mode_keep_what_eager_keeps(name: str, mode: str) -> 
     assert_matches_eager(fn, _inputs(4), lin)
 
 
+_FRESH_OUTSIDE_GRAD = {
+    "cumsum": lambda h: h.cumsum(0),
+    "flip": lambda h: h.flip(0),
+    "sort": lambda h: h.sort(0).values,
+    "diff": lambda h: h.diff(dim=0),
+    "roll": lambda h: h.roll(1, 0),
+}
+
+
+@pytest.mark.parametrize("name", list(_FRESH_OUTSIDE_GRAD))
+@pytest.mark.parametrize("ragged", [True, False])
+def test_a_new_tensor_made_outside_grad_mode_requires_no_grad(name: str, ragged: bool) -> None:
+    # such a value added to a factory's ones required grad when the ones shared a step with
+    # rows that do (the instances' own inputs): eagerly nothing of it requires grad
+    call = _FRESH_OUTSIDE_GRAD[name]
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        h = torch.as_tensor(x)
+        with torch.no_grad():
+            h = call(h)
+        return torch.ones(h.shape, dtype=h.dtype) + h
+
+    xs = [torch.randn(n, 4, dtype=torch.float64, requires_grad=True) for n in (2, 3)]
+    eager = [fn(x) for x in xs]
+    got = bf.batch_map(fn, xs, ragged=ragged)
+    assert [g.requires_grad for g in got] == [e.requires_grad for e in eager] == [False] * 2
+
+
 @pytest.mark.parametrize("scheduler", SCHEDULERS)
 def test_writes_keep_the_targets_flag(scheduler: Scheduler) -> None:
     lin = nn.Linear(3, 3).double()

@@ -213,26 +213,9 @@ _NO_GRADIENT = frozenset(
         "new_tensor",
     ]
 )
-# calls that always make a new tensor: outside grad mode their outputs require no grad (any
-# other call may hand back its input or a view of it, which keeps the input's flag)
-_FRESH_NAMES = """
-    add sub mul div true_divide pow neg abs exp log log1p sqrt rsqrt square
-    tanh sigmoid relu gelu silu elu leaky_relu softplus sin cos clamp clip
-    maximum minimum where lerp addcmul addmm addmv
-    linear bilinear matmul mm bmm mv dot embedding layer_norm
-    softmax log_softmax logsumexp sum mean prod norm var std amax amin
-    cat concat concatenate stack index_select gather take clone
-    cross_entropy nll_loss mse_loss l1_loss binary_cross_entropy
-    binary_cross_entropy_with_logits lstm_cell gru_cell rnn_tanh_cell
-"""
-_FRESH = frozenset(
-    [
-        *_FRESH_NAMES.split(),
-        *(f"__{op}__" for op in ("add", "sub", "mul", "truediv", "pow", "neg", "matmul")),
-        *(f"__r{op}__" for op in ("add", "sub", "mul", "truediv", "pow", "matmul")),
-    ]
-)
-
+# calls that may hand back their input or a view of it, which outside grad mode keeps the
+# input's flag (eagerly every other call's outputs then require no grad: a new tensor)
+_MAY_ALIAS = VIEW_NAMES | {"T", "mT", "H", "mH", "adjoint", "indices", "values", "align_to"}
 
 _SCRIPT_METHOD = torch._C.ScriptMethod
 
@@ -252,7 +235,7 @@ def grad_rule(func: Any, mode: int, shared: Any, requires_grad: bool = False) ->
         return NO_GRAD
     if mode == 1 and (type(func) is _SCRIPT_METHOD or any(t.requires_grad for t, _ in shared)):
         return NEEDS_GRAD
-    return NO_GRAD if mode != 1 and name in _FRESH else INHERITS_GRAD
+    return NO_GRAD if mode != 1 and name not in _MAY_ALIAS else INHERITS_GRAD
 
 
 def grad_mode() -> int:
