@@ -400,6 +400,31 @@ def test_block_diagonal_products_padded_or_by_entries_equal_eager(
         torch.testing.assert_close(g, w)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.int32, torch.uint8])
+def test_products_of_instances_keep_eagers_dtype_and_rounding(dtype: torch.dtype) -> None:
+    # half precision: products added up in float32 and rounded once, as eager's matmul does
+    # (they were rounded one by one); int32: it came back int64 (a rule's crash)
+    gen = torch.Generator().manual_seed(0)
+    xs = [torch.randn(n, 8, generator=gen, dtype=torch.float64) * 3 for n in (3, 17, 1, 25)]
+
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        h = torch.as_tensor(x).to(dtype)
+        return h @ h[0], h[:, 0] @ h, (h @ h.T) @ h  # mv, weighted rows, block diagonal
+
+    for got, want in zip(bf.batch_map(fn, xs), [fn(x) for x in xs], strict=True):
+        for g, w in zip(got, want, strict=True):
+            assert g.dtype == w.dtype and torch.equal(g, w)
+
+
+def test_a_product_of_bool_instances_raises_as_eagerly() -> None:
+    xs = [torch.rand(n, 4) > 0.5 for n in (2, 3)]
+    fn = lambda x: torch.as_tensor(x)[:, 0] @ torch.as_tensor(x)  # noqa: E731
+    with pytest.raises(NotImplementedError):
+        fn(xs[0])
+    with pytest.raises(NotImplementedError, match="bool"):
+        bf.batch_map(fn, xs)
+
+
 def test_iterating_over_rows_of_an_instance_with_none_gives_nothing() -> None:
     """Eagerly ``[f(r) for r in h]`` over 0 rows is an empty list; it was refused, as the
     unbind of no rows returns no tensor."""

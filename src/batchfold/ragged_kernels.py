@@ -49,6 +49,13 @@ def run_family(
     family = sig.family
     assert family is not None
     kind, n = family.kind, len(lengths)
+    if kind in _PRODUCTS:
+        dtype = inputs[-1].dtype
+        if dtype == torch.bool:  # as eager's matmul, which has no kernel for it
+            raise NotImplementedError(f"{sig.name} of bool tensors is not implemented")
+        if dtype in _LOW:  # eager's matmul adds half-precision products up in float32
+            wide = run_family(sig, [x.float() for x in inputs], lengths, sizes)
+            return tuple(x.to(dtype) for x in wide)
     if kind == "macro":
         return family.replay(inputs, lengths, sizes or {})
     if kind == "rows":  # no segment ids needed: the op as it is on the packed rows
@@ -71,7 +78,7 @@ def run_family(
         out = call_one(sig, args)
     elif kind == "mv":
         rows, vector = inputs
-        out = (rows * vector.index_select(0, segment)).sum(-1)
+        out = (rows * vector.index_select(0, segment)).sum(-1).to(rows.dtype)  # int32 stays
     elif kind == "weighted":
         weights, rows = inputs
         out = _segment_sum(weights.unsqueeze(-1) * rows, segment, n)
@@ -207,6 +214,7 @@ def _packed_rnn(sig: Signature, inputs: list[Tensor], lengths: np.ndarray) -> tu
 
 
 _LOW = (torch.float16, torch.bfloat16)  # eager PyTorch sums these in float32
+_PRODUCTS = frozenset(("mv", "weighted", "blockdiag"))  # matmuls of per-instance values
 _WIDE_SUMS = frozenset(("sum", "mean", "sum_all", "mean_all"))
 
 
