@@ -571,3 +571,21 @@ def test_a_write_pytorchs_own_code_makes_names_that_code() -> None:
     with pytest.raises(bf.UnsupportedOpError, match="writes into a view") as caught:
         bf.batch_map(own, _inputs(2))
     assert "inside PyTorch" not in str(caught.value)  # the user's own write
+
+
+@pytest.mark.parametrize("loss", [F.cross_entropy, F.nll_loss])
+def test_a_class_weight_that_requires_grad_is_refused_as_eagerly(loss: Callable[..., Any]) -> None:
+    # a batched loss made a gradient for the weight, where eager PyTorch raises
+    weight = nn.Parameter(torch.tensor([0.5, 2.0, 1.0], dtype=torch.float64))
+    items = [(torch.randn(n, 3, dtype=torch.float64), torch.tensor([0, 2, 1][:n])) for n in (2, 3)]
+
+    def fn(item: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return loss(torch.as_tensor(item[0]), torch.as_tensor(item[1]), weight=weight)
+
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        fn(items[0])
+    with pytest.raises(RuntimeError, match="test_refusals.py.*class weight that requires grad"):
+        bf.batch_map(fn, items)
+    with torch.no_grad():  # outside grad mode eager takes it, and so does batch_map
+        for got, x in zip(bf.batch_map(fn, items), items, strict=True):
+            torch.testing.assert_close(got, fn(x))

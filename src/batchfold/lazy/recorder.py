@@ -34,7 +34,7 @@ from .lazy_trees import has_lazy, map_lazies
 from .lengths import plain_lengths
 from .macros import ModuleCache
 from .module_state import EPOCH
-from .refusals import refuse_channels_last
+from .refusals import refuse_channels_last, refuse_weight_grad
 from .running_stats import NORMALISATIONS, RunningStats
 from .semantics import META_QUERIES, VIEW_NAMES
 from .shared_calls import READ, SharedCalls, refuse_stale
@@ -192,6 +192,7 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
             if func in _CASTS_LIKE and (cast := _cast_like(args, kwargs)) is not None:
                 return self.call(Tensor.to, cast, {})
             refuse_channels_last(func, kwargs)
+            refuse_weight_grad(func_name(func), args, kwargs)
             name = getattr(func, "__name__", "")
             if name[-1:] == "_" and name[:1] != "_":
                 return self._in_place_function(func, name, args, kwargs)

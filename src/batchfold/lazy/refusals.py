@@ -290,3 +290,20 @@ def refuse_channels_last(func: Any, kwargs: dict[str, Any]) -> None:
             f"value at {user_site()}: inside batch_map a value is a row of a batched tensor "
             "laid out by batch_map; leave out memory_format (it changes no value)."
         )
+
+
+_WEIGHTED_LOSSES = frozenset(["cross_entropy", "nll_loss"])
+
+
+def refuse_weight_grad(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """A class ``weight`` that requires grad, in grad mode: eager PyTorch refuses it (its loss
+    has no gradient for the weight), where a batched loss would make one."""
+    if name not in _WEIGHTED_LOSSES or not torch.is_grad_enabled():
+        return
+    weight = kwargs.get("weight", args[2] if len(args) > 2 else None)
+    if isinstance(weight, torch.Tensor) and weight.requires_grad:
+        raise RuntimeError(
+            f"{name} at {user_site()}: a class weight that requires grad, which eager PyTorch "
+            "refuses (nll_loss is not differentiable with respect to its weight); pass "
+            "weight.detach()"
+        )
