@@ -215,6 +215,21 @@ def test_an_index_out_of_an_instances_range_is_refused_not_read_from_another() -
         bf.batch_map(pick, xs)
 
 
+def test_a_position_out_of_an_instances_range_raises_an_index_error_as_eagerly() -> None:
+    # a ShapeError alone (a ValueError): code that caught IndexError took another way
+    xs = [torch.randn(n, 2, dtype=torch.float64) for n in (4, 6, 2)]
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        h = _h(x)
+        try:
+            return h[3]  # out of range for the instance of 2 rows
+        except IndexError:
+            return h.sum(0)
+
+    for got, x in zip(bf.batch_map(fn, xs), xs, strict=True):
+        torch.testing.assert_close(got, fn(x))
+
+
 def test_greedy_decoding_with_attention_gives_the_tokens_of_one_at_a_time() -> None:
     torch.manual_seed(3)
     embed = torch.nn.Embedding(12, 6).double()

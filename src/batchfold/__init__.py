@@ -17,6 +17,7 @@ from .errors import ConlluFormatError as ConlluFormatError
 from .errors import DeviceError as DeviceError
 from .errors import DtypeError as DtypeError
 from .errors import GraphError as GraphError
+from .errors import IndexShapeError as IndexShapeError
 from .errors import LazyValueError as LazyValueError
 from .errors import MoleculeFormatError as MoleculeFormatError
 from .errors import ShapeError as ShapeError

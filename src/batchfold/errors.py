@@ -63,6 +63,7 @@ __all__ = [
     "DeviceError",
     "DtypeError",
     "GraphError",
+    "IndexShapeError",
     "LazyValueError",
     "MoleculeFormatError",
     "SSTFormatError",
@@ -86,6 +87,11 @@ class LazyValueError(BatchfoldError, RuntimeError):
 
 class ShapeError(BatchfoldError, ValueError):
     """An operation got arguments whose shapes do not fit; names the user's file and line."""
+
+
+class IndexShapeError(ShapeError, IndexError):
+    """A :class:`ShapeError` where eager PyTorch raises an ``IndexError`` (an index out of an
+    instance's range): code that catches ``IndexError`` catches it too."""
 
 
 class DeviceError(BatchfoldError, ValueError):

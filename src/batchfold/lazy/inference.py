@@ -12,7 +12,14 @@ from typing import Any
 
 import torch
 
-from ..errors import BatchfoldError, DeviceError, DtypeError, ShapeError, UnsupportedOpError
+from ..errors import (
+    BatchfoldError,
+    DeviceError,
+    DtypeError,
+    IndexShapeError,
+    ShapeError,
+    UnsupportedOpError,
+)
 from ..graph import Slot, TensorMeta
 from ..ops import fill
 from .known_shapes import known_shape
@@ -86,7 +93,8 @@ def shape_error(
 ) -> ShapeError:
     """The error for an op that cannot take these per-instance inputs."""
     ins = ", ".join(map(str, in_metas)) or "no per-instance inputs"
-    return ShapeError(
+    kind = IndexShapeError if isinstance(error, IndexError) else ShapeError
+    return kind(
         f"{name} at {site} cannot take per-instance inputs ({ins}): {type(error).__name__}: {error}"
     )
 
