@@ -11,6 +11,8 @@ Recording and running per-instance code (``batch_map``, ``bf.function``):
 
 - :class:`ShapeError`: an op got per-instance inputs whose shapes it cannot take, or a
   ``bf.function(batched=True)`` returned the wrong shape; names the user's file and line.
+  :class:`IndexShapeError`, one of them that is also an ``IndexError``: an index out of an
+  instance's range, where eager PyTorch raises an ``IndexError``.
 - :class:`DeviceError`: one op mixed tensors on different devices.
 - :class:`DtypeError`: one op mixed floating-point dtypes (batchfold never casts silently).
 - :class:`UnsupportedOpError`: an op cannot be recorded lazily (its output shape depends on

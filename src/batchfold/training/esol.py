@@ -8,7 +8,8 @@ MAE (``mae``). Data, split, model and front-end options are
 :func:`~batchfold.training.molecules.add_molecule_arguments`'. The defaults train for 100
 epochs with the learning rate on a cosine schedule (``--lr-schedule cosine``) and, on a
 random split, test the last epoch's weights (``--keep last``, as MoleculeNet's fixed-epoch
-runs do); on a scaffold split, the best dev epoch's (``--keep best``).
+runs do); on a scaffold split, the best dev epoch's (``--keep best``). Atoms carry their
+degree and hydrogen count beside Kearnes et al.'s features (``--atom-counts``).
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ class ESOLTask(MoleculeTask):
     epochs = 100
     lr_schedule = "cosine"  # chosen on dev: a constant rate leaves dev RMSE jumping by 0.3
     keep = None  # resolved by the split in __init__
+    atom_counts = True  # chosen on dev over 20 random splits: RMSE 0.594 against 0.603
 
     def __init__(self, args: argparse.Namespace) -> None:
         if getattr(args, "keep", "best") is None:
