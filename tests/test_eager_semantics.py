@@ -356,6 +356,29 @@ def test_a_cast_to_another_tensors_dtype_takes_no_operand(scheduler: str) -> Non
     assert_matches_eager(fn, [[1.0, 2.0, 3.0], [0.5, -1.0, 2.0]], layer, scheduler)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 0])  # vectors of one length, or sequences of several
+def test_half_precision_by_a_wider_0d_value_rounds_where_eager_does(
+    dtype: torch.dtype, rows: int
+) -> None:
+    """Eagerly ``h * c`` and ``h / c`` with a float32 0-d ``c`` compute at float32 and round
+    once, where ``c * h`` and ``h + c`` round ``c`` first; batched, ``c`` was rounded first for
+    all of them (``[1, 0, 3] * 0.1`` gave 0.2998 against eager's 0.3000)."""
+    gen = torch.Generator().manual_seed(0)
+    items = [
+        ((torch.randn(5 if rows else 2 + i, 3, generator=gen) * 3).to(dtype), 0.1 + i)
+        for i in range(4)
+    ]
+
+    def fn(item: tuple[torch.Tensor, float]) -> Any:
+        h, c = torch.as_tensor(item[0]), torch.tensor(item[1])
+        return h * c, h / c, c * h, h + c, torch.mul(h, c), h.div(c)
+
+    for got, want in zip(bf.batch_map(fn, items), [fn(x) for x in items], strict=True):
+        for g, w in zip(got, want, strict=True):
+            assert g.dtype == w.dtype == dtype and torch.equal(g, w)
+
+
 def test_an_op_with_more_outputs_than_value_ids_hold_is_refused() -> None:
     with pytest.raises(bf.UnsupportedOpError, match="returns 70000 tensors; .* at most 65536"):
         bf.batch_map(lambda x: torch.arange(70000.0).mul(torch.tensor(x)).unbind(0), [1.0])

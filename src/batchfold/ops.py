@@ -60,9 +60,32 @@ def batched_rowwise(sig: Signature, inputs: list[Tensor], n: int) -> Any:
     """
     rank = len(sig.out_metas[0].shape)
     lifted = [lift(x, rank) for x in inputs]
-    for i, dtype in zero_d_casts(sig):
+    casts = zero_d_casts(sig)
+    if casts and scalar_kept_wide(sig, casts):
+        return call_one(sig, [x.float() for x in lifted]).to(sig.out_metas[0].dtype)
+    for i, dtype in casts:
         lifted[i] = lifted[i].to(dtype)
     return call_one(sig, lifted)
+
+
+_LOW = (torch.float16, torch.bfloat16)
+_WIDE_SCALAR_SECOND = frozenset(
+    [*named("mul", "multiply", "div", "divide", "true_divide"), torch.Tensor.__mul__]
+    + [torch.Tensor.__truediv__]
+)
+
+
+def scalar_kept_wide(sig: Signature, casts: list[tuple[int, torch.dtype]]) -> bool:
+    """Whether eager PyTorch (on the CPU) multiplies or divides half-precision values by a
+    wider per-instance 0-d second operand at its own precision, rounding once: ``h * c`` and
+    ``h / c`` do (``c * h`` rounds ``c`` first), where casting ``c`` first would round twice."""
+    if sig.func not in _WIDE_SCALAR_SECOND or sig.out_metas[0].dtype not in _LOW:
+        return False
+    args, kwargs = sig.template
+    if kwargs.get("rounding_mode") is not None or len(args) < 2 or type(args[1]) is not Slot:
+        return False
+    second = args[1].index
+    return any(i == second for i, _ in casts) and sig.in_metas[second].dtype.is_floating_point
 
 
 def _category(dtype: torch.dtype) -> int:

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from .graph import Signature, Slot
 from .opbase import call_one
-from .ops import zero_d_casts
+from .ops import scalar_kept_wide, zero_d_casts
 from .ops_views import packed_rows
 
 __all__ = ["expand_rows", "run_family"]
@@ -69,13 +69,19 @@ def run_family(
     if kind == "elementwise":
         rank = max(len(m.shape) for m in sig.in_metas)
         args = list(inputs)
-        for i, dtype in zero_d_casts(sig):
-            args[i] = args[i].to(dtype)
+        casts = zero_d_casts(sig)
+        wide = bool(casts) and scalar_kept_wide(sig, casts)  # then all at float32, as eager
+        for i, dtype in casts:
+            args[i] = args[i].to(torch.float32 if wide else dtype)
+        if wide:
+            args = [x.float() for x in args]
         for i, ragged in enumerate(family.ragged_in):
             if not ragged:  # one value per node: repeated for its rows, lined up on the right
                 x = args[i].index_select(0, segment)
                 args[i] = x.reshape(len(x), *(1,) * (rank - x.dim()), *x.shape[1:])
         out = call_one(sig, args)
+        if wide:
+            out = out.to(sig.out_metas[0].dtype)
     elif kind == "mv":
         rows, vector = inputs
         out = (rows * vector.index_select(0, segment)).sum(-1).to(rows.dtype)  # int32 stays
