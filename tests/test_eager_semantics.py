@@ -379,6 +379,35 @@ def test_half_precision_by_a_wider_0d_value_rounds_where_eager_does(
             assert g.dtype == w.dtype == dtype and torch.equal(g, w)
 
 
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_a_per_instance_0d_value_given_as_a_number_is_read_as_eagerly(scheduler: str) -> None:
+    """A lazy 0-d value where PyTorch takes a number (a dim, a count, a slope) is read, as
+    eager reads it: taken as a tensor operand, ``h.unsqueeze(d)`` got a stand-in's dim (the
+    wrong shape), and most such calls failed in their batching rule."""
+    layer = nn.Linear(3, 3).double()
+
+    def fn(x: list[float]) -> Any:
+        h = layer(torch.tensor(x))  # [3]
+        d = torch.tensor(int(x[0]))  # 0 or 1
+        n, slope = (h > -10).sum(), torch.tensor(x[1])  # 3, and a float
+        m = h[None].expand(2, 3)
+        return (
+            m.unsqueeze(d),
+            m.unsqueeze(1).squeeze(d + 1),
+            m[None].flatten(d),
+            m.softmax(d),
+            m.sum(d),
+            F.leaky_relu(h, slope),
+            torch.add(h, h, alpha=slope),
+            h.topk(n - 1).values,
+            F.pad(h, (0, n)),
+            F.one_hot(n - 1, num_classes=n),
+        )
+
+    xs = [[0.0, 0.5, 1.0], [1.0, -2.0, 3.0], [0.0, 0.25, -1.0]]
+    assert_matches_eager(fn, xs, layer, scheduler)  # type: ignore[arg-type]
+
+
 def test_an_op_with_more_outputs_than_value_ids_hold_is_refused() -> None:
     with pytest.raises(bf.UnsupportedOpError, match="returns 70000 tensors; .* at most 65536"):
         bf.batch_map(lambda x: torch.arange(70000.0).mul(torch.tensor(x)).unbind(0), [1.0])

@@ -40,7 +40,7 @@ from .semantics import META_QUERIES, VIEW_NAMES
 from .shared_calls import READ, SharedCalls, refuse_stale
 from .signatures import SignatureMaker
 from .sites import func_name
-from .sizes import read_sizes
+from .sizes import read_numbers, read_sizes
 from .sources import FACTORIES, SourceMaker, as_itself
 from .sync import Driver
 from .tensor import Lazy
@@ -191,6 +191,8 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
                 return self.call(func, operands, kwargs)
             if func in _CASTS_LIKE and (cast := _cast_like(args, kwargs)) is not None:
                 return self.call(Tensor.to, cast, {})
+            if (numbers := read_numbers(self, func, args, kwargs)) is not None:
+                return self.call(func, *numbers)  # h.unsqueeze(d): d's value, as eagerly
             refuse_channels_last(func, kwargs)
             refuse_weight_grad(func_name(func), args, kwargs)
             name = getattr(func, "__name__", "")

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.nn.functional as F
 
 from ..opbase import named
 from .tensor import Lazy
@@ -22,7 +23,7 @@ from .tensor import Lazy
 if TYPE_CHECKING:
     from .recorder import Recorder
 
-__all__ = ["read_sizes"]
+__all__ = ["read_numbers", "read_sizes"]
 
 _FACTORIES = ("zeros", "ones", "empty", "full", "rand", "randn", "randint", "arange", "eye")
 _FACTORIES_TOO = ("linspace", "logspace", "randperm", "tril_indices", "triu_indices")
@@ -83,3 +84,63 @@ def _number(rec: Recorder, value: Any, tensor: bool) -> Any:
 
 def _integer(dtype: torch.dtype) -> bool:
     return not (dtype.is_floating_point or dtype.is_complex or dtype is torch.bool)
+
+
+def read_numbers(
+    rec: Recorder, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+    """``args`` and ``kwargs`` with each 0-d lazy value that PyTorch's ``func`` takes as a
+    number (a dim, a count, a slope: where no overload of its ATen op takes a tensor) read, as
+    eager reads it; ``None`` where there is none. A lazy value there was taken as a tensor
+    operand, the op recorded with a stand-in's number (``h.unsqueeze(d)``: the wrong shape)."""
+    name = getattr(func, "__name__", "")
+    if all(getattr(space, name, None) is not func for space in (torch.Tensor, torch, F)):
+        return None  # not PyTorch's own: its arguments are not its ATen op's
+    positions, names = _number_slots(name)
+    hit = [i for i, a in enumerate(args) if i in positions and _holds_0d(a)]
+    keys = [k for k, v in kwargs.items() if k in names and _holds_0d(v)]
+    if not hit and not keys:
+        return None
+    read = lambda v: _read(rec, v)  # noqa: E731
+    args = tuple(read(a) if i in hit else a for i, a in enumerate(args))
+    return args, {k: read(v) if k in keys else v for k, v in kwargs.items()}
+
+
+_NUMBER_SLOTS: dict[str, tuple[frozenset[int], frozenset[str]]] = {}
+
+
+def _number_slots(name: str) -> tuple[frozenset[int], frozenset[str]]:
+    """The positions and keywords of ``aten::name``'s arguments that take no tensor in any
+    overload on a tensor."""
+    found = _NUMBER_SLOTS.get(name)
+    if found is None:
+        schemas = [
+            [(a.name, str(a.type)) for a in schema.arguments]
+            for schema in torch._C._jit_get_schemas_for_operator(f"aten::{name}")
+            if schema.arguments and str(schema.arguments[0].type) == "Tensor"
+        ]
+        numbers = lambda types: bool(types) and all("Tensor" not in t for t in types)  # noqa: E731
+        width = max(map(len, schemas), default=0)
+        positions = {
+            i for i in range(1, width) if numbers([s[i][1] for s in schemas if len(s) > i])
+        }
+        every = {n for s in schemas for n, _ in s[1:]}
+        keywords = {n for n in every if numbers([t for s in schemas for m, t in s if m == n])}
+        found = _NUMBER_SLOTS[name] = (frozenset(positions), frozenset(keywords))
+    return found
+
+
+def _holds_0d(value: Any) -> bool:
+    if type(value) is Lazy:
+        return not value.shape
+    return type(value) in (tuple, list) and any(type(v) is Lazy and not v.shape for v in value)
+
+
+def _read(rec: Recorder, value: Any) -> Any:
+    if type(value) is Lazy and not value.shape:
+        return rec.read(value, "a number", pause=False).item()
+    if type(value) is tuple:
+        return tuple(_read(rec, v) for v in value)
+    if type(value) is list:
+        return [_read(rec, v) for v in value]
+    return value
