@@ -35,6 +35,7 @@ FACTORIES = frozenset(
     for name in (
         "tensor",
         "as_tensor",
+        "asarray",
         "from_numpy",
         "zeros",
         "ones",
