@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import random
 from typing import Any
 
@@ -247,3 +248,42 @@ def test_a_decoder_reads_its_tokens_without_their_tensors(monkeypatch: pytest.Mo
     starts = [(1, 5), (2, 9), (3, 2), (4, 7)]
     got = bf.batch_map(lambda s: model.decode(s)[0], starts)
     assert got == [model.decode(s)[0] for s in starts] and not tensors_read
+
+
+class _Twice(torch.overrides.TorchFunctionMode):
+    """Doubles what torch.ones makes."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
+        out = func(*args, **(kwargs or {}))
+        return out * 2 if func is torch.ones else out
+
+
+def test_a_mode_an_instance_entered_stays_with_it_across_a_read() -> None:
+    # instance 0 paused at a read inside its block; the others recorded under its mode
+    # (torch.device("meta") put their tensors on the meta device)
+    def fn(i: int) -> Any:
+        if i == 0:
+            with _Twice():
+                read = int(torch.tensor(i) + 1)
+            return read, torch.ones(2)
+        ones = torch.ones(2)  # recorded while instance 0 waits
+        with torch.device("meta") if i == 1 else _Twice():
+            made = torch.zeros(2)
+        return int(torch.tensor(i) + 1), ones, made.device.type, torch.zeros(1).device.type
+
+    got, want = bf.batch_map(fn, [0, 1, 2]), [fn(i) for i in range(3)]
+    for g, w in zip(got, want, strict=True):
+        assert g[0] == w[0] and torch.equal(g[1], w[1]) and g[2:] == w[2:]
+
+
+_SCALE: contextvars.ContextVar[float] = contextvars.ContextVar("scale", default=1.0)
+
+
+def test_the_callers_context_variables_are_seen_inside() -> None:
+    # each instance ran in a greenlet with an empty context: the default, not the caller's
+    token = _SCALE.set(10.0)
+    try:
+        got = bf.batch_map(lambda x: torch.tensor(x) * _SCALE.get(), [1.0, 2.0])
+    finally:
+        _SCALE.reset(token)
+    assert [g.item() for g in got] == [10.0, 20.0]

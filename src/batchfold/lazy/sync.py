@@ -20,6 +20,9 @@ from greenlet import GreenletExit, getcurrent, greenlet
 from ..errors import add_note
 
 _set_grad = torch._C._set_grad_enabled  # what torch.set_grad_enabled(b) does, without its object
+_modes = torch._C._len_torch_function_stack
+_pop_mode = torch._C._pop_torch_function_stack
+_push_mode = torch._C._push_on_torch_function_stack
 _PAUSED = object()  # what an instance's greenlet hands the driver when it waits for a value
 _EXIT_TRIES = 3
 _ABANDONED: list[Any] = []  # instances that would not exit: never resumed, never collected
@@ -39,15 +42,25 @@ class Driver:
         self.syncs = 0  # flushes made because instances waited on values
         self.current = 0  # the instance running now, or the last one to run
         self.stopping = False  # set when an instance raised: no new instance starts
+        self.modes = 0  # the depth of the torch function mode stack the instances start at
 
     def pause(self) -> None:
-        """Called by a read inside an instance: wait until the driver has run the graph."""
+        """Called by a read inside an instance: wait until the driver has run the graph.
+
+        The torch function modes the instance entered (``with torch.device(...)``) leave with
+        it: the driver's run and the other instances see the modes they entered themselves.
+        """
         grad = torch.is_grad_enabled()
-        if torch.is_inference_mode_enabled():  # the driver and the others run outside it;
-            with torch.inference_mode(False):  # leaving restores this instance's state
+        modes = [_pop_mode() for _ in range(_modes() - self.modes)][::-1]
+        try:
+            if torch.is_inference_mode_enabled():  # the driver and the others run outside
+                with torch.inference_mode(False):  # it; leaving restores this instance's
+                    self.main.switch(_PAUSED)
+            else:
                 self.main.switch(_PAUSED)
-        else:
-            self.main.switch(_PAUSED)
+        finally:
+            for mode in modes:
+                _push_mode(mode)
         _set_grad(grad)  # the driver and other instances may have changed it
 
     @property
@@ -63,6 +76,7 @@ class Driver:
         each, where most code never waits).
         """
         self.main = getcurrent()
+        self.modes = _modes()  # the torch function modes every instance starts with
         results: list[Any] = []
         paused: dict[int, Any] = {}  # instance index -> its greenlet, waiting for a value
         todo = enumerate(instances)
@@ -70,6 +84,7 @@ class Driver:
         try:
             while True:
                 worker = greenlet(self._work)
+                worker.gr_context = self.main.gr_context  # the caller's ContextVars, as eagerly
                 try:
                     out = worker.switch(fn, todo, results)
                 finally:
