@@ -595,3 +595,19 @@ def test_a_class_weight_that_requires_grad_is_refused_as_eagerly(loss: Callable[
     with torch.no_grad():  # outside grad mode eager takes it, and so does batch_map
         for got, x in zip(bf.batch_map(fn, items), items, strict=True):
             torch.testing.assert_close(got, fn(x))
+
+
+def test_a_write_into_an_outside_tensor_after_a_sync_point_is_refused() -> None:
+    # instance 1's product ran at the sync, before instance 0's write: eagerly it comes
+    # after it (instance 0 runs whole first), so it gave [-1, -1] for eager's [-2, -2]
+    w = torch.ones(2)
+
+    def fn(x: torch.Tensor) -> Any:
+        h = torch.as_tensor(x) * w
+        if h.sum().item() > 0:
+            with torch.no_grad():
+                w.add_(1.0)
+        return h
+
+    with pytest.raises(UnsupportedOpError, match=r"add_ at .*test_refusals.py.*after a sync"):
+        bf.batch_map(fn, [torch.ones(2), -torch.ones(2)])

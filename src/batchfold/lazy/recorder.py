@@ -34,7 +34,7 @@ from .lazy_trees import has_lazy, map_lazies
 from .lengths import plain_lengths
 from .macros import ModuleCache
 from .module_state import EPOCH
-from .refusals import refuse_channels_last, refuse_weight_grad
+from .refusals import refuse_channels_last, refuse_weight_grad, refuse_write_after_sync
 from .running_stats import NORMALISATIONS, RunningStats
 from .semantics import META_QUERIES, VIEW_NAMES
 from .shared_calls import READ, SharedCalls, refuse_stale
@@ -242,6 +242,8 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
         """Run a call on shared tensors at once, memoised (see :mod:`.shared_calls`)."""
         if self.running_stats.buffers:  # buffers a training normalisation moves: see there
             self.running_stats.refuse_use((*args, *kwargs.values()), func_name(func))
+        if self.driver.syncs:  # instances record out of eager's order from the first sync
+            refuse_write_after_sync(self.graph.signatures, func, args)
         result, seen = self.shared_calls.call(func, args, kwargs, key)
         if self.trace is not None and seen:
             if seen == READ:  # w.tolist(), w.dim(): a value read into Python

@@ -307,3 +307,23 @@ def refuse_weight_grad(name: str, args: tuple[Any, ...], kwargs: dict[str, Any])
             "refuses (nll_loss is not differentiable with respect to its weight); pass "
             "weight.detach()"
         )
+
+
+def refuse_write_after_sync(signatures: Any, func: Any, args: tuple[Any, ...]) -> None:
+    """A write into a tensor from outside that recorded ops read, made after a sync point:
+    the instances then record out of eager's order (a later instance's read may have run
+    before an earlier instance's write, or the other way round), so a read of it may see
+    the value eager code would not."""
+    name = getattr(func, "__name__", "")
+    in_place = (name[-1:] == "_" and name[:1] != "_") or name in ("__set__", "__setitem__")
+    if not in_place or not args or not isinstance(args[0], torch.Tensor):
+        return
+    with torch._C.DisableTorchFunction():  # ._base is a getter: not for the recorder
+        targets = {id(args[0]), id(args[0]._base)}
+    if any(id(t) in targets for sig in signatures for t, _ in sig.shared):
+        raise UnsupportedOpError(
+            f"{func_name(func)} at {user_site()} writes in place into a tensor from outside "
+            "batch_map that recorded ops read, after a sync point: the instances record out "
+            "of eager's order from there, so some would read it as eager code would not. "
+            "Change it outside the function given to batch_map, or before any value is read."
+        )
