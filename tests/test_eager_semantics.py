@@ -14,6 +14,7 @@ import contextlib
 import threading
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -406,6 +407,18 @@ def test_a_per_instance_0d_value_given_as_a_number_is_read_as_eagerly(scheduler:
 
     xs = [[0.0, 0.5, 1.0], [1.0, -2.0, 3.0], [0.0, 0.25, -1.0]]
     assert_matches_eager(fn, xs, layer, scheduler)  # type: ignore[arg-type]
+
+
+def test_a_python_type_as_dtype_and_a_memoryview_make_what_eager_makes() -> None:
+    # dtype=float reached the fast path of numbers as a dtype (an AttributeError), and a
+    # writable memoryview's hash a ValueError where an unhashable object's is a TypeError
+    def fn(x: float) -> Any:
+        view = memoryview(bytearray(np.array([x, 2 * x]).tobytes())).cast("d")
+        return torch.tensor(x, dtype=float), torch.tensor(int(x), dtype=int), torch.tensor(view)
+
+    for got, want in zip(bf.batch_map(fn, [1.0, 2.5]), [fn(x) for x in (1.0, 2.5)], strict=True):
+        for g, w in zip(got, want, strict=True):
+            assert g.dtype == w.dtype and torch.equal(g, w)
 
 
 def test_an_op_with_more_outputs_than_value_ids_hold_is_refused() -> None:

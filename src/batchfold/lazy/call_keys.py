@@ -122,6 +122,6 @@ class CallKeys:
                 return (kind, *[self._key(v, inputs) for v in values])
         try:
             hash(obj)
-        except TypeError:
+        except (TypeError, ValueError):  # a writable memoryview raises ValueError
             return ("object", id(obj))
         return (kind, obj)  # equal objects of two types (np.int64(1), np.float64(1)) apart

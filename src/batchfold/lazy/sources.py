@@ -73,6 +73,12 @@ _grad_enabled = torch.is_grad_enabled
 _OPERAND_DTYPES = frozenset([torch.float32, torch.float64])
 _SWITCHED = object()
 _SCALAR_DTYPES: dict[type, torch.dtype | None] = {int: torch.int64, bool: torch.bool, float: None}
+_PYTHON_DTYPES: dict[Any, torch.dtype] = {  # dtype=float, as PyTorch reads a Python type
+    float: torch.float64,
+    int: torch.int64,
+    bool: torch.bool,
+    complex: torch.complex128,
+}
 _NUMBER_KEYWORDS = frozenset(("dtype", "device"))
 
 
@@ -202,7 +208,10 @@ class SourceMaker:
         if kwargs:
             if not _NUMBER_KEYWORDS.issuperset(kwargs):
                 return None
-            dtype, device = kwargs.get("dtype"), kwargs.get("device")
+            dtype, device = (
+                _PYTHON_DTYPES.get(kwargs.get("dtype"), kwargs.get("dtype")),
+                kwargs.get("device"),
+            )
         kind = type(value)  # a float's dtype is the default one where none is given
         default = torch.get_default_dtype() if kind is float and dtype is None else None
         cache_key = (kind, default, dtype, device)
