@@ -398,8 +398,8 @@ def test_a_per_instance_0d_value_given_as_a_number_is_read_as_eagerly(scheduler:
             m[None].flatten(d),
             m.softmax(d),
             m.sum(d),
-            F.leaky_relu(h, slope),
-            torch.add(h, h, alpha=slope),
+            F.leaky_relu(h, slope),  # type: ignore[arg-type]
+            torch.add(h, h, alpha=slope),  # type: ignore[arg-type]
             h.topk(n - 1).values,
             F.pad(h, (0, n)),
             F.one_hot(n - 1, num_classes=n),
@@ -414,7 +414,8 @@ def test_a_python_type_as_dtype_and_a_memoryview_make_what_eager_makes() -> None
     # writable memoryview's hash a ValueError where an unhashable object's is a TypeError
     def fn(x: float) -> Any:
         view = memoryview(bytearray(np.array([x, 2 * x]).tobytes())).cast("d")
-        return torch.tensor(x, dtype=float), torch.tensor(int(x), dtype=int), torch.tensor(view)
+        made = torch.tensor(x, dtype=float), torch.tensor(int(x), dtype=int)  # type: ignore[arg-type]
+        return (*made, torch.tensor(view))
 
     for got, want in zip(bf.batch_map(fn, [1.0, 2.5]), [fn(x) for x in (1.0, 2.5)], strict=True):
         for g, w in zip(got, want, strict=True):
