@@ -422,6 +422,28 @@ def test_a_python_type_as_dtype_and_a_memoryview_make_what_eager_makes() -> None
             assert g.dtype == w.dtype and torch.equal(g, w)
 
 
+def test_a_value_moved_to_another_device_is_on_it_for_the_ops_after() -> None:
+    # an op's outputs were put on its inputs' device: h.to(d).device said the old one, and
+    # an op with a tensor on d was refused as mixing devices (meta stands in for a GPU here)
+    weight = torch.ones(3, 3, device="meta")
+
+    def fn(x: torch.Tensor) -> Any:
+        h = torch.as_tensor(x)
+        return (
+            h.to("meta") @ weight,
+            torch.zeros_like(h, device="meta") + weight[0],
+            h.new_zeros(2, device="meta"),
+            torch.as_tensor(h * 1, device="meta") * 2,
+            h.to("meta").device.type,
+        )
+
+    items = [torch.arange(3.0), torch.ones(3)]
+    for got, want in zip(bf.batch_map(fn, items), [fn(x) for x in items], strict=True):
+        assert got[-1] == want[-1] == "meta"
+        for g, w in zip(got[:-1], want[:-1], strict=True):
+            assert (g.shape, g.dtype, g.device) == (w.shape, w.dtype, w.device)
+
+
 def test_an_op_with_more_outputs_than_value_ids_hold_is_refused() -> None:
     with pytest.raises(bf.UnsupportedOpError, match="returns 70000 tensors; .* at most 65536"):
         bf.batch_map(lambda x: torch.arange(70000.0).mul(torch.tensor(x)).unbind(0), [1.0])

@@ -75,7 +75,9 @@ class SignatureMaker:
         site = user_site()
         name = func_name(func)
         refuse_unrecordable(name, func, args, kwargs, Lazy, site)
-        device = check_inputs(name, site, in_metas, (targs, tkwargs))
+        device = moved_to(name, targs, tkwargs) or check_inputs(
+            name, site, in_metas, (targs, tkwargs)
+        )
         shared: list[bool] = []  # a bf.function's: whether its outputs share memory
         if isinstance(func, BatchedFunction):
             if func.batched and shared_tensors((targs, tkwargs)):
@@ -189,3 +191,21 @@ def _own_reads(
         (False, (t.index,)) if isinstance(t, Slot) else (mode == 1 and t.requires_grad, ())
         for t in tensors
     )
+
+
+_MOVES = frozenset(["to", "cuda", "cpu", "as_tensor", "asarray", "type", "new_tensor"])
+
+
+def moved_to(name: str, targs: Any, tkwargs: Any) -> torch.device | None:
+    """The device a call moves its per-instance input to (``h.to("cuda")``, ``h.cpu()``,
+    ``torch.zeros_like(h, device=d)``), where its outputs are; ``None`` for any other call,
+    whose outputs are on its inputs' device."""
+    found = tkwargs.get("device")
+    if found is None and name == "to":
+        found = next((a for a in targs[1:] if isinstance(a, (str, torch.device))), None)
+    elif found is None and name in ("cuda", "cpu"):
+        found = name if name == "cpu" or len(targs) < 2 else torch.device("cuda", targs[1])
+    if found is None or not (name in _MOVES or name.endswith("_like") or name.startswith("new_")):
+        return None
+    with torch._C.DisableTorchFunction():  # "cuda" is the current CUDA device, as PyTorch says
+        return torch.empty(0, device=found).device
