@@ -5,6 +5,11 @@
 themselves live in :mod:`batchfold.ops` (elementwise, dims, indexing) and
 :mod:`batchfold.ops_matrix` (matmul, layers, recurrent cells, losses); an op with no rule of
 its own runs through ``torch.func.vmap`` (:data:`VMAP`) or once per instance (:data:`LOOP`).
+
+A per-instance 0-d value has a batch dim once stacked, where eagerly it yields in type
+promotion to tensors with dims of its own category (``float16[3] * float32[]`` is float16):
+rules cast such an input to what eager promotion gives (:func:`zero_d_casts`), except where
+eager kernels compute at its own precision (:func:`scalar_kept_wide`).
 """
 
 from __future__ import annotations
@@ -172,3 +177,87 @@ def lift(x: Tensor, rank: int) -> Tensor:
     """View ``x`` [n, *shape] as [n, 1, ..., *shape] with ``rank`` dims after the batch dim."""
     missing = rank + 1 - x.dim()
     return x[(slice(None),) + (None,) * missing] if missing > 0 else x
+
+
+# per-instance 0-d values in type promotion (see the module docstring) -------------------
+
+
+_LOW = (torch.float16, torch.bfloat16)
+_WIDE_SCALAR_SECOND = frozenset(
+    [*named("mul", "multiply", "div", "divide", "true_divide"), torch.Tensor.__mul__]
+    + [torch.Tensor.__truediv__]
+)
+
+
+def scalar_kept_wide(sig: Signature, casts: list[tuple[int, torch.dtype]]) -> bool:
+    """Whether eager PyTorch (on the CPU) multiplies or divides half-precision values by a
+    wider per-instance 0-d second operand at its own precision, rounding once: ``h * c`` and
+    ``h / c`` do (``c * h`` rounds ``c`` first), where casting ``c`` first would round twice."""
+    if sig.func not in _WIDE_SCALAR_SECOND or sig.out_metas[0].dtype not in _LOW:
+        return False
+    args, kwargs = sig.template
+    if kwargs.get("rounding_mode") is not None or len(args) < 2 or type(args[1]) is not Slot:
+        return False
+    second = args[1].index
+    return any(i == second for i, _ in casts) and sig.in_metas[second].dtype.is_floating_point
+
+
+def _category(dtype: torch.dtype) -> int:
+    if dtype.is_complex:
+        return 3
+    if dtype.is_floating_point:
+        return 2
+    return 0 if dtype == torch.bool else 1
+
+
+def zero_d_casts(sig: Signature) -> list[tuple[int, torch.dtype]]:
+    """``(input, dtype)`` for each per-instance 0-d input that eager promotion casts
+    (never ``where``'s condition, which takes no part in it)."""
+    metas = sig.in_metas
+    if all(m.shape for m in metas):
+        return []
+    skip = _where_condition(sig)
+    inputs = [(i, m) for i, m in enumerate(metas) if i != skip]
+    dims = [m.dtype for _, m in inputs if m.shape]
+    dims += [t.dtype for t, _ in sig.shared if t.dim() > 0]
+    zeros = [m.dtype for _, m in inputs if not m.shape]
+    if not dims or not zeros:
+        return []
+    common = dims[0]
+    for dtype in dims[1:]:
+        common = torch.promote_types(common, dtype)
+    zero = zeros[0]
+    for dtype in zeros[1:]:
+        zero = torch.promote_types(zero, dtype)
+    if _category(zero) > _category(common):  # eager: the category of the 0-d, the precision
+        common = _wider_category(common, zero)  # of the tensors with dims where it can
+    return [(i, common) for i, m in inputs if not m.shape and m.dtype != common]
+
+
+_WHERES = (torch.where, torch.Tensor.where)
+
+
+def _where_condition(sig: Signature) -> int | None:
+    """Which input is ``where``'s per-instance condition, if it has one."""
+    if sig.func not in _WHERES or not isinstance(sig.template, tuple):
+        return None
+    args, kwargs = sig.template
+    at = 1 if sig.func is torch.Tensor.where else 0  # x.where(condition, y)
+    found = kwargs.get("condition", args[at] if len(args) > at else None)
+    return found.index if type(found) is Slot else None
+
+
+def _wider_category(dims: torch.dtype, zero: torch.dtype) -> torch.dtype:
+    """The dtype eager promotion gives tensors with dims of ``dims`` and 0-d tensors of
+    ``zero``, a wider category (PyTorch's ``combine_categories``)."""
+    if zero.is_complex and dims in _COMPLEX_OF:
+        return _COMPLEX_OF[dims]  # float32 + complex128: complex64
+    return torch.promote_types(dims, zero)
+
+
+_COMPLEX_OF = {
+    torch.float16: torch.complex32,
+    torch.bfloat16: torch.complex64,
+    torch.float32: torch.complex64,
+    torch.float64: torch.complex128,
+}

@@ -18,8 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from .graph import Signature, Slot
-from .opbase import call_one
-from .ops import scalar_kept_wide, zero_d_casts
+from .opbase import call_one, scalar_kept_wide, zero_d_casts
 from .ops_views import packed_rows
 
 __all__ = ["expand_rows", "run_family"]
