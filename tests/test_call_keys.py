@@ -62,13 +62,15 @@ def _check(fn: Any, args: list[Any]) -> None:
     "args",
     [
         [0.0, 0.0, -0.0, -0.0],
+        [np.float64(0.0), np.float64(0.0), np.float64(-0.0), np.float64(-0.0)],
+        [0j, 0j, complex(-0.0, 0.0), complex(-0.0, 0.0)],
         [np.int64(1), np.int64(1), np.float64(1.0), np.float64(1.0)],
         [_Pair(1, 2), _Pair(1, 2), _Pair(1.0, 2), _Pair(1.0, 2)],
         [frozenset({1}), frozenset({1}), frozenset({1.0}), frozenset({1.0})],
         [_Second.B, _Second.B, _First.A, _First.A],
         [_Frozen(1, (2,)), _Frozen(1, (2,)), _Frozen(1.0, (2,)), _Frozen(1.0, (2,))],
     ],
-    ids=["signed zeros", "numpy scalars", "namedtuples", "frozensets", "int enums", "dataclasses"],
+    ids=["signed zeros", "numpy zeros", "complex zeros", "numpy scalars", "namedtuples", "frozensets", "int enums", "dataclasses"],
 )
 def test_equal_arguments_that_compute_differently_are_keyed_apart(args: list[Any]) -> None:
     """The first instances' cached call (or op) was replayed for the later ones, whose
@@ -76,7 +78,7 @@ def test_equal_arguments_that_compute_differently_are_keyed_apart(args: list[Any
     branch reads the type."""
     module = _Branches()
     _check(lambda item: module(torch.as_tensor(item[0]), item[1]), args)
-    if isinstance(args[0], float):  # an op's own signature, no module
+    if isinstance(args[0], (float, np.floating)):  # an op's own signature, no module
         _check(lambda item: torch.as_tensor(item[0]) / item[1], args)
         _check(lambda item: torch.div(torch.as_tensor(item[0]), other=item[1]), args)
 

@@ -13,6 +13,7 @@ import dataclasses
 import enum
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..errors import LAZY_AFTER_RUN, LazyValueError
@@ -23,6 +24,7 @@ from .tensor import Lazy
 Tensor = torch.Tensor
 _mode_active = torch._C._is_torch_function_mode_enabled
 _PLAIN = frozenset((type(None), str, int, float, bool))  # keyword values keyed as they are
+_SIGNED_ZEROS = (complex, np.floating, np.complexfloating)  # zeros keyed by sign too
 _IMMUTABLE = frozenset(
     [type(None), str, bytes, complex, torch.dtype, torch.device, torch.Size, torch.layout]
 )
@@ -124,4 +126,6 @@ class CallKeys:
             hash(obj)
         except (TypeError, ValueError):  # a writable memoryview raises ValueError
             return ("object", id(obj))
+        if isinstance(obj, _SIGNED_ZEROS) and not obj:  # np.float64(-0.0) == 0.0; 1 / it is not
+            return (kind, obj, repr(obj))
         return (kind, obj)  # equal objects of two types (np.int64(1), np.float64(1)) apart
