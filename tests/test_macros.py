@@ -387,7 +387,7 @@ def test_switching_caching_off() -> None:
     assert off.module_calls_cached == 0 and off.module_calls_traced == 0
     bf.no_cache(model.cell)
     _, on = bf.batch_map(model, trees, return_stats=True)  # type: ignore[arg-type]
-    assert on.module_misses.get("Cell: switched off with no_cache", 0) > 0
+    assert on.module_misses.get("Cell: switched off with no_cache (it, or a submodule)", 0) > 0
     assert on.module_calls_cached > 0  # the other modules still are
     assert "cached traces" in str(on) and "switched off" in str(on)
 
@@ -614,3 +614,49 @@ def test_batch_map_called_from_compiled_code_runs_and_puts_pytorch_back() -> Non
     assert all(g.requires_grad for g in got)
     assert hooks._INSTALLED[0] == 0 and nn.Module._call_impl is ORIGINAL_CALL
     assert torch.tensor is dispatch.ORIGINAL_TENSOR and eval_frame._stance.stance == "default"
+
+
+class _Identity(nn.Module):
+    """``l(q) - l(k)``, or ``l(q)`` where ``q is k`` (the fast path of self-attention)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l = nn.Linear(2, 2).double()
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        return self.l(q) if q is k else self.l(q) - self.l(k)
+
+
+@pytest.mark.parametrize("rows", [False, True])
+def test_a_call_taking_one_value_twice_is_keyed_apart(rows: bool) -> None:
+    # m(h, h) took the template of m(h, g): the forward's q is k went the other way
+    forget()
+    model = _Identity()
+
+    def fn(item: tuple[torch.Tensor, bool]) -> torch.Tensor:
+        h = torch.as_tensor(item[0])
+        return model(h, h if item[1] else h * 2)
+
+    shape = (3, 2) if rows else (2,)
+    items = [(torch.ones(*shape, dtype=torch.float64) * i, i == 3) for i in range(1, 5)]
+    if rows:
+        items[1] = (torch.ones(5, 2, dtype=torch.float64), False)  # another length
+    assert_matches_eager(fn, items, model)
+
+
+def test_no_cache_on_a_submodule_keeps_its_parents_calls_op_by_op() -> None:
+    # the parent (nn.Sequential) was cached and replayed the child's first trace
+    scale = [1.0]
+
+    class Scale(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x / scale[0]  # a global the function changes per instance
+
+    model = nn.Sequential(nn.Linear(2, 2).double(), bf.no_cache(Scale()))
+
+    def fn(item: tuple[torch.Tensor, float]) -> torch.Tensor:
+        scale[0] = item[1]
+        return model(torch.as_tensor(item[0]))
+
+    items = [(torch.ones(2, dtype=torch.float64), t) for t in (1.0, 1.0, 2.0, 4.0)]
+    assert_matches_eager(fn, items, model)

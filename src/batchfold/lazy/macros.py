@@ -55,25 +55,12 @@ _grad_enabled = torch.is_grad_enabled
 _inference_mode = torch.is_inference_mode_enabled
 
 
+_ENTRY_FIELDS = """module template confirmed reason sig order outs flat single pair ragged length
+guards macro read watch"""
+
+
 class _Entry:
-    __slots__ = (
-        "module",
-        "template",
-        "confirmed",
-        "reason",
-        "sig",
-        "order",
-        "outs",
-        "flat",
-        "single",
-        "pair",
-        "ragged",
-        "length",
-        "guards",
-        "macro",
-        "read",
-        "watch",
-    )
+    __slots__ = tuple(_ENTRY_FIELDS.split())
 
     def __init__(self, module: nn.Module, watch: Watch) -> None:
         self.module = module  # kept alive: the key holds its id
@@ -140,6 +127,8 @@ class ModuleCache:
                 sequences = seq
             metas.append(meta)
             inputs.append(a._vid)
+        if len(inputs) > 1 and len(set(inputs)) < len(inputs):
+            return MISSED  # one value twice: keyed apart (see call)
         mode = 2 if _inference_mode() else 1 if _grad_enabled() else 0  # grad_mode(), inline
         if sequences:  # keyed without the length: the common ragged call, or the slow path
             found = ragged_hit(self, module, metas, inputs, mode)
@@ -173,7 +162,7 @@ class ModuleCache:
             found = ragged_key(self, module, args, kwargs)
             assert found is not None  # _takes_sequences: some lazy input has a dim
             rows = any(len(m.shape) >= 2 for m in found[2])
-            if rec.mutable_object:
+            if rec.mutable_object or _aliases(found[1]) is not None:
                 return self._uncached(module, args, kwargs)
             if not by_shape(self.entries.get(found[0]), found[4], rows):
                 return call_ragged(self, module, args, kwargs, *found)
@@ -181,6 +170,8 @@ class ModuleCache:
         key = (id(module), module.training, grad_mode(), rec.args_key(args, inputs))
         if kwargs:
             key = (*key, rec.kwargs_key(kwargs, inputs))
+        if (aliases := _aliases(inputs)) is not None:  # m(h, h): the forward may test q is k
+            key = (*key, aliases)
         if rec.mutable_object:
             return self._uncached(module, args, kwargs)
         entry = self.entry_for(key, module)
@@ -226,16 +217,19 @@ class ModuleCache:
             entry = self.entries[key] = _Entry(module, self.watchers.watch(key, module))
             if self.rec.by_identity:
                 entry.read = None
-            if getattr(module, NO_CACHE, False):
-                entry.reason = "switched off with no_cache"
+            if any(getattr(m, NO_CACHE, False) for m in module.modules()):
+                entry.reason = "switched off with no_cache (it, or a submodule)"
             elif any(own_hooks(m) for m in module.modules()):
                 entry.reason = "it or a submodule has hooks"
         return entry
 
     def _uncached(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """A call recorded op by op because an argument is an object the key would hold by
-        identity (a config namespace): changed between calls, a cached call would not see it."""
+        identity (a config namespace): changed between calls, a cached call would not see it;
+        or a call on sequences that takes one value twice."""
         reason = "takes an object that may change between calls (keyed by identity)"
+        if not self.rec.mutable_object:
+            reason = "takes one value on sequences twice"
         self.misses[f"{type(module).__name__}: {reason}"] += 1
         return ORIGINAL_CALL(module, *args, **kwargs)
 
@@ -384,6 +378,14 @@ class ModuleCache:
         if flat is None:
             flat = entry.flat = template.structure == (tuple, (None,) * len(outs))
         return tuple(outs) if flat else build(template.structure, outs)
+
+
+def _aliases(inputs: list[int]) -> tuple[int, ...] | None:
+    """Where each lazy argument first comes, when one comes twice (``m(h, h)``): a forward
+    may test ``q is k``, so such a call is keyed apart from ``m(h, g)``."""
+    if len(inputs) < 2 or len(set(inputs)) == len(inputs):
+        return None
+    return tuple(inputs.index(v) for v in inputs)
 
 
 def _set_outs(entry: _Entry, outs: list[int]) -> None:
