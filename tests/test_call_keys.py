@@ -109,3 +109,31 @@ def test_setting_the_default_dtype_inside_the_function_is_refused() -> None:
         assert all(g.dtype == torch.float64 for g in got)
     finally:
         torch.set_default_dtype(torch.float32)
+
+
+class _Scaler:
+    t = 1.0
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.t
+
+
+class _Apply(nn.Module):
+    def forward(self, x: torch.Tensor, act: Any) -> Any:
+        return x * act.t if isinstance(act, type) else act(x)
+
+
+def test_a_bound_method_or_a_class_given_to_a_module_is_read_as_it_is_now() -> None:
+    # keyed as code, by value: the later calls replayed the first one's scale, where the
+    # function set the object's (or the class's) attribute per instance
+    module, scaler = _Apply(), _Scaler()
+
+    def fn(item: tuple[torch.Tensor, float]) -> Any:
+        scaler.t = _Scaler.t = item[1]
+        x = torch.as_tensor(item[0])
+        return module(x, scaler.apply), module(x, _Scaler)
+
+    items = [(x, t) for x, t in zip(XS, (1.0, 1.0, 2.0, 4.0), strict=False)]
+    for got, item in zip(bf.batch_map(fn, items), items, strict=True):
+        for g, w in zip(got, fn(item), strict=True):
+            torch.testing.assert_close(g, w)

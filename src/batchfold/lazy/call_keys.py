@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import types
 from typing import Any
 
 import numpy as np
@@ -113,6 +114,8 @@ class CallKeys:
             self.by_identity = True  # an object that may change, or be another at that id
             if not isinstance(obj, CODE_TYPES) and kind.__hash__ in (None, object.__hash__):
                 self.mutable_object = True  # keyed by identity: its attributes may change
+            elif isinstance(obj, type) or _of_mutable(obj):
+                self.mutable_object = True  # a class, or an object's bound method: the same
         if isinstance(obj, tuple) and not any(type(i) is Lazy for i in obj):
             return (kind, *[self._key(i, inputs) for i in obj])  # P(1, 2) == P(1.0, 2)
         if kind is frozenset:
@@ -129,3 +132,8 @@ class CallKeys:
         if isinstance(obj, _SIGNED_ZEROS) and not obj:  # np.float64(-0.0) == 0.0; 1 / it is not
             return (kind, obj, repr(obj))
         return (kind, obj)  # equal objects of two types (np.int64(1), np.float64(1)) apart
+
+
+def _of_mutable(obj: Any) -> bool:
+    """Whether ``obj`` is a method bound to an object whose attributes may change."""
+    return type(obj) is types.MethodType and type(obj.__self__).__hash__ is object.__hash__
