@@ -660,3 +660,38 @@ def test_no_cache_on_a_submodule_keeps_its_parents_calls_op_by_op() -> None:
 
     items = [(torch.ones(2, dtype=torch.float64), t) for t in (1.0, 1.0, 2.0, 4.0)]
     assert_matches_eager(fn, items, model)
+
+
+@pytest.mark.parametrize("change", ["ModuleList.insert", "Sequential.insert", "ModuleDict.clear"])
+def test_a_container_changed_inside_a_batch_map_is_seen_by_later_calls(change: str) -> None:
+    # these write into _modules without __setattr__: later calls replayed the old layers
+    first, extra = nn.Linear(2, 2).double(), nn.Linear(2, 2).double()
+
+    class Stack(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList([first])
+            self.seq = nn.Sequential(nn.Identity())
+            self.named = nn.ModuleDict({"extra": extra})
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for layer in [*self.layers, *self.seq, *self.named.values()]:
+                x = layer(x)
+            return x
+
+    def run(batched: bool) -> list[torch.Tensor]:
+        model = Stack()
+
+        def fn(i: int) -> torch.Tensor:
+            if i == 2 and change == "ModuleList.insert":
+                model.layers.insert(0, extra)
+            elif i == 2 and change == "Sequential.insert":
+                model.seq.insert(0, extra)
+            elif i == 2:
+                model.named.clear()
+            return model(torch.ones(2, dtype=torch.float64))
+
+        return list(bf.batch_map(fn, range(4))) if batched else [fn(i) for i in range(4)]
+
+    for got, want in zip(run(True), run(False), strict=True):
+        torch.testing.assert_close(got, want)

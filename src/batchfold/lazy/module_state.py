@@ -93,8 +93,9 @@ def _noting(swap: Callable[..., Any]) -> Callable[..., Any]:
 
 def note_member_swaps() -> None:
     """Note the modules whose parameters, buffers, submodules and hooks change without
-    ``__setattr__``: ``register_buffer``, ``register_parameter``, ``add_module``, ``del`` and
-    the hook registrations write into a module's dicts, and so do the swaps of
+    ``__setattr__``: ``register_buffer``, ``register_parameter``, ``add_module``, ``del``,
+    ``ModuleList.insert``, ``Sequential.insert``, ``ModuleDict.clear`` and the hook
+    registrations write into a module's dicts, and so do the swaps of
     ``torch.func.functional_call`` (``torch.nn.utils._named_member_accessor``). Once a
     process, as :func:`module_setattr`."""
     for owner, names in _SWAPS:
@@ -109,6 +110,9 @@ _SWAPS = (
     (_accessor, ("set_tensor", "swap_tensor", "swap_submodule")),
     (nn.Module, ("register_buffer", "register_parameter", "add_module", "__delattr__")),
     (nn.Module, tuple(f"register_{kind}hook" for kind in _HOOK_KINDS)),
+    (nn.ModuleList, ("insert",)),  # these write into ``_modules`` themselves
+    (nn.Sequential, ("insert",)),
+    (nn.ModuleDict, ("clear",)),
 )
 
 
