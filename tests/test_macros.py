@@ -695,3 +695,45 @@ def test_a_container_changed_inside_a_batch_map_is_seen_by_later_calls(change: s
 
     for got, want in zip(run(True), run(False), strict=True):
         torch.testing.assert_close(got, want)
+
+
+class _Appends(nn.Module):
+    """Appends what it computes to a list it is given, and, when asked, to its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(2, 2).double()
+        self.acts: list[torch.Tensor] = []
+
+    def forward(self, x: torch.Tensor, cache: list[torch.Tensor]) -> torch.Tensor:
+        h = torch.tanh(self.lin(x))
+        cache.append(h)
+        if _COLLECT[0]:
+            self.acts.append(h)
+        return h
+
+
+_COLLECT = [False]
+
+
+def test_a_module_that_changes_a_list_it_is_given_or_holds_runs_its_python() -> None:
+    # a list argument changed by the call: a cached call skipped the append (and a changed
+    # count of lazy values crashed the scheduler); a list attribute appended to only from the
+    # second batch_map on got the dry trace's stand-in value, unusable
+    forget()
+    module = _Appends()
+
+    def fn(x: torch.Tensor) -> Any:
+        cache: list[torch.Tensor] = []
+        module.acts.clear()
+        return module(torch.as_tensor(x), cache), cache, list(module.acts)
+
+    items = [torch.ones(2, dtype=torch.float64) * i for i in range(4)]
+    for collect in (False, True):  # the second batch_map dry-traces the kept call
+        _COLLECT[0] = collect
+        for got, x in zip(bf.batch_map(fn, items), items, strict=True):
+            want = fn(x)
+            assert len(got[1]) == len(want[1]) == 1 and len(got[2]) == len(want[2])
+            for g, w in zip(flat_tensors(got), flat_tensors(want), strict=True):
+                torch.testing.assert_close(g, w)
+    _COLLECT[0] = False

@@ -1,15 +1,12 @@
 """Cached traces of module calls: one graph node per ``nn.Module`` call (a macro node).
 
-Inside ``batch_map``, a call of an ``nn.Module`` on lazy inputs is recorded op by op the first
-two times it is made with a given key (the module, its input shapes and dtypes, its other
-arguments, the grad mode and train/eval). If both calls recorded the same ops and the call read
-no value, wrote nothing outside itself and drew no random numbers outside its per-instance ops,
-the ops become a :class:`Template`: every later call with that key is one graph node, and its
-batched step replays the template's ops on the whole batch, nothing gathered inside. Calls that
-cannot be cached are recorded op by op, correctly, and the statistics say which and why.
-``batch_map(..., cache_modules=False)`` or :func:`~.semantics.no_cache` on a module switches it
-off. A call on ragged inputs (tensors of 2 or more dims, with ragged batching on) is keyed
-without their length: see :mod:`.ragged_macros`.
+A call of an ``nn.Module`` on lazy inputs is recorded op by op the first two times it is made
+with a given key (the module, its input shapes and dtypes, its other arguments, the grad mode
+and train/eval). If both recorded the same ops and read no value, wrote nothing outside and drew
+no random numbers outside their per-instance ops, the ops become a :class:`Template`: every later
+call with that key is one graph node, whose batched step replays them on the whole batch.
+Other calls are recorded op by op, and the statistics say why. ``cache_modules=False`` or
+:func:`~.semantics.no_cache` switches it off. Ragged calls: see :mod:`.ragged_macros`.
 """
 
 from __future__ import annotations
@@ -29,7 +26,7 @@ from .inference import template
 from .kept import keep, kept
 from .lazy_trees import build
 from .lengths import LENGTH_NOTE, Guard, plain_result
-from .module_state import EPOCH, Watch, Watchers, attribute_state, changed_attribute
+from .module_state import EPOCH, Held, Watch, Watchers, attribute_state, changed_attribute
 from .ragged_keys import (
     BY_SHAPE,
     SEQUENCE,
@@ -258,6 +255,7 @@ class ModuleCache:
         template(args, trace.lazies)  # in the order of ``inputs`` (see Recorder.args_key)
         template(kwargs, trace.lazies)
         state = None if dry() else attribute_state(module)  # a dry trace: see still_kept
+        held = Held(module, (args, kwargs))
         try:
             result = ORIGINAL_CALL(module, *args, **kwargs)
             if lengths is not None:
@@ -271,6 +269,8 @@ class ModuleCache:
                 rec.trace = None
         if state is not None and (changed := changed_attribute(state)) is not None:
             trace.refuse(f"changes its attribute {changed}, which a cached call would not")
+        if held.changed(restore=dry()):  # undone after a dry trace, which then stops
+            trace.refuse("changes a list or dict it holds or is given, as a cached call would not")
         self.traced += 1
         return trace, result
 

@@ -19,6 +19,7 @@ change again, is found by comparing :func:`attribute_state` before and after the
 from __future__ import annotations
 
 import collections
+import copy
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -240,3 +241,43 @@ def changed_attribute(state: list[tuple[Any, Any]]) -> str | None:
             if not _same(value, now):
                 return f"{type(module).__name__}.{name}"
     return None
+
+
+_CONTAINERS = (list, dict, collections.deque)
+
+
+class Held:
+    """Each list, dict and deque among the attributes of a module and its submodules and among
+    a call's arguments, with a shallow copy: what a forward may change in Python without
+    setting an attribute (``self.acts.append(h)``, ``cache.append(h)``).
+
+    Arguments:
+        module: the module called.
+        call: the call's ``(args, kwargs)``.
+    """
+
+    def __init__(self, module: nn.Module, call: Any) -> None:
+        found = [v for m in module.modules() for v in vars(m).values() if type(v) in _CONTAINERS]
+        found += [v for part in call for v in (part.values() if type(part) is dict else part)]
+        self.saved = [(v, copy.copy(v)) for v in found if type(v) in _CONTAINERS]
+
+    def changed(self, restore: bool) -> bool:
+        """Whether any of them now holds other objects (compared by identity: an ``==`` of
+        lazy values would record ops); with ``restore``, their contents are put back."""
+        changed = False
+        for now, before in self.saved:
+            if type(now) is dict:
+                same = list(now) == list(before) and all(now[k] is before[k] for k in now)
+            else:
+                same = len(now) == len(before) and all(
+                    a is b for a, b in zip(now, before, strict=True)
+                )
+            if not same:
+                changed = True
+                if restore:
+                    now.clear()
+                    if isinstance(now, dict):
+                        now.update(before)
+                    else:
+                        now.extend(before)
+        return changed
