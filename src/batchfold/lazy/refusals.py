@@ -43,7 +43,8 @@ _ATTRIBUTES = {
     "detach_": "batch_map cannot drop a value's history in place; rebind it: x = x.detach()",
     "requires_grad_": "a tensor made inside the function is not a leaf of its own; pass a "
     "tensor that requires grad in the instance and read it with torch.as_tensor(x): its "
-    "gradient comes back to it",
+    "gradient comes back to it (an nn.Module made inside the function makes its parameters "
+    "so: make it outside, once, and call it inside)",
 }
 _PROPERTIES = frozenset(["grad", "grad_fn", "is_leaf", "data"])
 REFUSED = _ATTRIBUTES  # what each refused attribute says (writes.py: torch.detach_(x) too)
