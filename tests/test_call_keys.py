@@ -70,7 +70,16 @@ def _check(fn: Any, args: list[Any]) -> None:
         [_Second.B, _Second.B, _First.A, _First.A],
         [_Frozen(1, (2,)), _Frozen(1, (2,)), _Frozen(1.0, (2,)), _Frozen(1.0, (2,))],
     ],
-    ids=["signed zeros", "numpy zeros", "complex zeros", "numpy scalars", "namedtuples", "frozensets", "int enums", "dataclasses"],
+    ids=[
+        "signed zeros",
+        "numpy zeros",
+        "complex zeros",
+        "numpy scalars",
+        "namedtuples",
+        "frozensets",
+        "int enums",
+        "dataclasses",
+    ],
 )
 def test_equal_arguments_that_compute_differently_are_keyed_apart(args: list[Any]) -> None:
     """The first instances' cached call (or op) was replayed for the later ones, whose
