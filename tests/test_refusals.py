@@ -121,6 +121,12 @@ CASES: list[tuple[str, Callable[[torch.Tensor], Any], str]] = [
     # valid eagerly: each once met a ShapeError that called the code wrong
     ("unsqueeze_", lambda x: _hidden(x).unsqueeze_(0), r"unsqueeze_\(\) at .*shape in place"),
     ("t_", lambda x: _hidden(x).view(1, 3).t_(), r"t_\(\) at .*rebind it instead"),
+    # a leaf made from a lazy tensor: it came back without the flag
+    (
+        "tensor of a lazy, requires_grad",
+        lambda x: torch.tensor(_hidden(x), requires_grad=True),
+        r"tensor\(\.\.\., requires_grad=True\) of a lazy tensor at",
+    ),
     # a layout the batched rows do not have: it crashed in the batching rule
     (
         "channels_last",

@@ -34,7 +34,12 @@ from .lazy_trees import has_lazy, map_lazies
 from .lengths import plain_lengths
 from .macros import ModuleCache
 from .module_state import EPOCH
-from .refusals import refuse_channels_last, refuse_weight_grad, refuse_write_after_sync
+from .refusals import (
+    refuse_channels_last,
+    refuse_leaf_copy,
+    refuse_weight_grad,
+    refuse_write_after_sync,
+)
 from .running_stats import NORMALISATIONS, RunningStats
 from .semantics import META_QUERIES, VIEW_NAMES
 from .shared_calls import READ, SharedCalls, refuse_stale
@@ -195,6 +200,7 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
                 return self.call(func, *numbers)  # h.unsqueeze(d): d's value, as eagerly
             refuse_channels_last(func, kwargs)
             refuse_weight_grad(func_name(func), args, kwargs)
+            refuse_leaf_copy(func_name(func), args, kwargs)
             name = getattr(func, "__name__", "")
             if name[-1:] == "_" and name[:1] != "_":
                 return self._in_place_function(func, name, args, kwargs)

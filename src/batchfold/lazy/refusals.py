@@ -328,3 +328,17 @@ def refuse_write_after_sync(signatures: Any, func: Any, args: tuple[Any, ...]) -
             "of eager's order from there, so some would read it as eager code would not. "
             "Change it outside the function given to batch_map, or before any value is read."
         )
+
+
+_LEAF_COPIES = frozenset(["tensor", "asarray", "new_tensor"])
+
+
+def refuse_leaf_copy(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """``torch.tensor(h, requires_grad=True)`` of a lazy ``h``: eagerly a new leaf; inside, a
+    value is no leaf of its own (as for ``requires_grad_()``); it lost the flag."""
+    lazy = any(type(a) is Lazy for a in args[:2])
+    if name in _LEAF_COPIES and lazy and kwargs.get("requires_grad") is True:
+        raise UnsupportedOpError(
+            f"{name}(..., requires_grad=True) of a lazy tensor at "
+            f"{user_site()}: {_ATTRIBUTES['requires_grad_']}."
+        )
