@@ -737,3 +737,32 @@ def test_a_module_that_changes_a_list_it_is_given_or_holds_runs_its_python() -> 
             for g, w in zip(flat_tensors(got), flat_tensors(want), strict=True):
                 torch.testing.assert_close(g, w)
     _COLLECT[0] = False
+
+
+class _Table(nn.Module):
+    """Keeps a table it makes on its first call (a positional encoding's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4).double()
+        self.table: Any = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.table is None:
+            self.table = torch.arange(16.0, dtype=torch.float64)[:, None].expand(16, 4) * 0.1
+        return self.lin(x) + self.table[: x.shape[0]]
+
+
+def test_a_module_attribute_set_to_a_value_made_inside_holds_its_value_after() -> None:
+    # it held the lazy value: the next batch_map, and eager calls, raised LazyValueError
+    module, eager = _Table(), _Table()
+    eager.load_state_dict(module.state_dict())
+    items = [torch.randn(n, 4, dtype=torch.float64) for n in (3, 5, 2)]
+    for _ in range(2):
+        for got, x in zip(
+            bf.batch_map(lambda x: module(torch.as_tensor(x)), items), items, strict=True
+        ):
+            torch.testing.assert_close(got, eager(x))
+    assert type(module.table) is torch.Tensor
+    torch.testing.assert_close(module.table, eager.table)
+    torch.testing.assert_close(module(items[0]), eager(items[0]))

@@ -20,6 +20,7 @@ from ..schedule import Scheduler, check_scheduler, gc_paused
 from ..stats import Stats
 from . import hooks
 from .context import active_recorder, active_stack
+from .module_state import settle_attributes
 from .recorder import Recorder
 
 Tensor = torch.Tensor
@@ -153,8 +154,10 @@ def batch_map(
                     rec.flush()
                     rec.move_running_stats()
                     outputs = rec.materialize(results)
+                    settle_attributes(rec, rec.materialize)
                 stats = _final_stats(rec, start)
             finally:
+                settle_attributes(rec, None)  # what a failed run left
                 rec.release()  # before the collector is back on: see Recorder.release
     finally:
         active.remove(rec)

@@ -60,7 +60,38 @@ def module_setattr(module: nn.Module, name: str, value: Any) -> None:
         if dry():  # a dry trace sets nothing (see dry_trace.py)
             stop_dry(f"{type(module).__name__}.{name} = ...")
         _note(module)
+        _lazy_set(module, name, value)
     ORIGINAL_SETATTR(module, name, value)
+
+
+def _lazy_set(module: nn.Module, name: str, value: Any) -> None:
+    if type(value) is Lazy:  # its value takes its place at the end (settle_attributes)
+        with _LOCK:
+            LAZY_SETS.append((value._rec, module, name, value, value._rec.instance))
+
+
+LAZY_SETS: list[tuple[Any, nn.Module, str, Lazy, int]] = []
+"""Module attributes set to lazy values: ``(recorder, module, name, value, instance)``."""
+
+
+def settle_attributes(rec: Any, values: Callable[[list[Lazy]], list[Any]] | None) -> None:
+    """Set each module attribute that ``rec``'s instances set to a lazy value, and that holds
+    one still, to the value eager code leaves there: the last set of the last instance that
+    set it (``self.pe = torch.arange(n)``, a table kept on first use), which ``values``
+    computes. Without ``values`` (the run failed), forget them."""
+    with _LOCK:  # other threads' runs append theirs meanwhile
+        mine = [entry for entry in LAZY_SETS if entry[0] is rec]
+        LAZY_SETS[:] = [entry for entry in LAZY_SETS if entry[0] is not rec]
+    if values is None:
+        return
+    final: dict[tuple[int, str], tuple[nn.Module, str, Lazy, int]] = {}
+    for _, module, name, value, instance in mine:
+        key = (id(module), name)
+        if key not in final or instance >= final[key][3]:
+            final[key] = (module, name, value, instance)
+    for module, name, value, _ in final.values():
+        if type(vars(module).get(name)) is Lazy:
+            ORIGINAL_SETATTR(module, name, values([value])[0])
 
 
 def _note(module: nn.Module) -> None:
