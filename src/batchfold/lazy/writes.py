@@ -175,7 +175,8 @@ class InPlaceWrites:
                 f"{what}{inside_torch()} at {user_site()} writes into a view of another lazy "
                 "tensor. Inside batch_map a write does not reach the tensor it views. Build the "
                 "new value out of place, e.g. x = torch.cat([x[:i], v, x[i + 1:]]), or "
-                "assign into the whole tensor: x[0, 1] = v instead of x[0][1] = v."
+                "assign into the whole tensor: x[0, 1] = v instead of x[0][1] = v, and "
+                "x[i] = x[i] + v instead of x[i] += v."
             )
         views = self._views_of.get(target._vid)
         if views and any(ref() is not None for ref in views):
