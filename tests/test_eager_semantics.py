@@ -444,6 +444,22 @@ def test_a_value_moved_to_another_device_is_on_it_for_the_ops_after() -> None:
             assert (g.shape, g.dtype, g.device) == (w.shape, w.dtype, w.device)
 
 
+@pytest.mark.filterwarnings("ignore:__array_wrap__ must accept context:DeprecationWarning")
+def test_numpy_functions_that_fall_back_on_a_type_error_read_the_value() -> None:
+    # np.argmax(h) calls h.argmax(axis=None, out=None): eager PyTorch raises a TypeError and
+    # NumPy reads the array instead; a ShapeError alone (a ValueError) came up
+    def fn(x: torch.Tensor) -> int:
+        return int(np.argmax(torch.as_tensor(x) * 2))
+
+    items = [torch.tensor([1.0, 3.0, 2.0]), torch.tensor([5.0, 0.0, 1.0])]
+    assert bf.batch_map(fn, items) == [fn(x) for x in items] == [1, 0]
+    call = lambda x: torch.as_tensor(x).argmax(axis=None, out=None)  # type: ignore[call-arg]  # noqa: E731
+    with pytest.raises(TypeError):  # eager's error is a TypeError, and so is batch_map's
+        call(items[0])
+    with pytest.raises(TypeError):
+        bf.batch_map(call, items)
+
+
 def test_an_op_with_more_outputs_than_value_ids_hold_is_refused() -> None:
     with pytest.raises(bf.UnsupportedOpError, match="returns 70000 tensors; .* at most 65536"):
         bf.batch_map(lambda x: torch.arange(70000.0).mul(torch.tensor(x)).unbind(0), [1.0])

@@ -6,6 +6,7 @@ PyTorch call per step. :func:`batch_map` does all three for single-instance PyTo
 """
 
 from . import blocks as blocks
+from .errors import ArgumentShapeError as ArgumentShapeError
 from .errors import BatchfoldError as BatchfoldError
 from .errors import BatchingRuleError as BatchingRuleError
 from .errors import BlockInputError as BlockInputError

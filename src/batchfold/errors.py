@@ -12,7 +12,8 @@ Recording and running per-instance code (``batch_map``, ``bf.function``):
 - :class:`ShapeError`: an op got per-instance inputs whose shapes it cannot take, or a
   ``bf.function(batched=True)`` returned the wrong shape; names the user's file and line.
   :class:`IndexShapeError`, one of them that is also an ``IndexError``: an index out of an
-  instance's range, where eager PyTorch raises an ``IndexError``.
+  instance's range, where eager PyTorch raises an ``IndexError``; :class:`ArgumentShapeError`,
+  one that is also a ``TypeError``: arguments an op does not take.
 - :class:`DeviceError`: one op mixed tensors on different devices.
 - :class:`DtypeError`: one op mixed floating-point dtypes (batchfold never casts silently).
 - :class:`UnsupportedOpError`: an op cannot be recorded lazily (its output shape depends on
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
     from .blocks.types import Type
 
 __all__ = [
+    "ArgumentShapeError",
     "BatchfoldError",
     "BatchingRuleError",
     "BlockInputError",
@@ -94,6 +96,12 @@ class ShapeError(BatchfoldError, ValueError):
 class IndexShapeError(ShapeError, IndexError):
     """A :class:`ShapeError` where eager PyTorch raises an ``IndexError`` (an index out of an
     instance's range): code that catches ``IndexError`` catches it too."""
+
+
+class ArgumentShapeError(ShapeError, TypeError):
+    """A :class:`ShapeError` where eager PyTorch raises a ``TypeError`` (arguments an op does
+    not take): code that catches ``TypeError`` (NumPy's ``np.argmax(x)`` falling back to an
+    array) catches it too."""
 
 
 class DeviceError(BatchfoldError, ValueError):

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from ..errors import (
+    ArgumentShapeError,
     BatchfoldError,
     DeviceError,
     DtypeError,
@@ -93,7 +94,13 @@ def shape_error(
 ) -> ShapeError:
     """The error for an op that cannot take these per-instance inputs."""
     ins = ", ".join(map(str, in_metas)) or "no per-instance inputs"
-    kind = IndexShapeError if isinstance(error, IndexError) else ShapeError
+    kind = (
+        IndexShapeError
+        if isinstance(error, IndexError)
+        else ArgumentShapeError
+        if isinstance(error, TypeError)
+        else ShapeError
+    )
     return kind(
         f"{name} at {site} cannot take per-instance inputs ({ins}): {type(error).__name__}: {error}"
     )
