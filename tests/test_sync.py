@@ -287,3 +287,28 @@ def test_the_callers_context_variables_are_seen_inside() -> None:
     finally:
         _SCALE.reset(token)
     assert [g.item() for g in got] == [10.0, 20.0]
+
+
+def test_the_error_that_comes_up_is_the_first_instances_in_eager_order() -> None:
+    # instance 1 raised before its read while instance 0 waited at its own: instance 1's
+    # error came up, where eagerly instance 0 runs (and raises) first; instances after the
+    # one that raises do not run on past their reads
+    after_read: list[int] = []
+
+    def fn(item: tuple[int, str]) -> Any:
+        index, kind = item
+        if kind == "early":
+            raise KeyError("before any read")
+        h = torch.tensor([1.0, 2.0]) * index
+        if h.sum().item() >= 0:  # a sync point
+            after_read.append(index)
+            if kind == "late":
+                raise ValueError(f"instance {index} after its read")
+        return h
+
+    with pytest.raises(ValueError, match="instance 0 after its read"):
+        bf.batch_map(fn, [(0, "late"), (1, "early")])
+    after_read.clear()
+    with pytest.raises(KeyError):  # the earlier instance finishes: the later one's error
+        bf.batch_map(fn, [(0, "fine"), (1, "early"), (2, "fine")])
+    assert after_read == [0]  # instance 2, after the one that raised, never went on

@@ -81,12 +81,16 @@ class Driver:
         paused: dict[int, Any] = {}  # instance index -> its greenlet, waiting for a value
         todo = enumerate(instances)
         grad = torch.is_grad_enabled()
+        failed: list[tuple[int, Exception]] = []  # the first instance's error, in eager order
         try:
-            while True:
+            while not failed:
                 worker = greenlet(self._work)
                 worker.gr_context = self.main.gr_context  # the caller's ContextVars, as eagerly
                 try:
                     out = worker.switch(fn, todo, results)
+                except Exception as error:
+                    failed.append((self.current, error))
+                    break
                 finally:
                     _set_grad(grad)
                 if worker.dead:
@@ -94,10 +98,22 @@ class Driver:
                 assert out is _PAUSED, "an instance switched greenlets outside batchfold"
                 paused[self.current] = worker
             while paused:
+                if failed:  # eagerly the instances before it run on, and none after it
+                    self._fail(failed, paused)
+                    if not paused:
+                        break
                 self.flush()
                 self.syncs += 1
                 for index, task in list(paused.items()):
-                    self._resume(index, task, paused)
+                    if failed and index > failed[0][0]:
+                        continue  # ended by _fail
+                    try:
+                        self._resume(index, task, paused)
+                    except Exception as error:
+                        if not failed or index < failed[0][0]:
+                            failed[:] = [(index, error)]
+            if failed:
+                raise failed[0][1]
         except BaseException as error:
             self.stopping = True
             self._end(paused, error)
@@ -127,6 +143,15 @@ class Driver:
             finally:
                 _set_grad(grad)
             results[index] = out
+
+    def _fail(self, failed: list[tuple[int, Exception]], paused: dict[int, Any]) -> None:
+        """After instance ``failed[0][0]`` raised, end the paused instances after it, which
+        eager code never runs; the ones before it run on, and may raise first."""
+        self.stopping = True
+        later = {index: task for index, task in paused.items() if index > failed[0][0]}
+        self._end(later, failed[0][1])
+        for index in later:
+            paused.pop(index)
 
     def _end(self, paused: dict[int, Any], error: BaseException) -> None:
         """After an error, end the paused instances, each with a bounded number of tries.
