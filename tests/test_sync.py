@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.utils.checkpoint
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -312,3 +313,19 @@ def test_the_error_that_comes_up_is_the_first_instances_in_eager_order() -> None
     with pytest.raises(KeyError):  # the earlier instance finishes: the later one's error
         bf.batch_map(fn, [(0, "fine"), (1, "early"), (2, "fine")])
     assert after_read == [0]  # instance 2, after the one that raised, never went on
+
+
+def test_a_checkpointed_function_with_a_read_inside_gives_eagers_gradients() -> None:
+    # its saved-tensor hooks stayed on while the batch ran at the read: the batched ops saved
+    # through them, and backward recomputed the function on lazy values (LazyValueError)
+    layer = nn.Linear(4, 4).double()
+
+    def body(a: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(layer(a))
+        return h * (int(h.argmax()) + 1)  # a sync point inside the checkpoint
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.utils.checkpoint.checkpoint(body, torch.as_tensor(x), use_reentrant=False)
+
+    items = [torch.randn(4, dtype=torch.float64) for _ in range(3)]
+    assert_matches_eager(fn, items, layer)

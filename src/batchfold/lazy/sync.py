@@ -23,6 +23,10 @@ _set_grad = torch._C._set_grad_enabled  # what torch.set_grad_enabled(b) does, w
 _modes = torch._C._len_torch_function_stack
 _pop_mode = torch._C._pop_torch_function_stack
 _push_mode = torch._C._push_on_torch_function_stack
+_AUTOGRAD: Any = torch._C._autograd  # pyright: ignore[reportAttributeAccessIssue]
+_top_hooks = _AUTOGRAD._top_saved_tensors_default_hooks
+_pop_hooks = _AUTOGRAD._pop_saved_tensors_default_hooks
+_push_hooks = _AUTOGRAD._push_saved_tensors_default_hooks
 _PAUSED = object()  # what an instance's greenlet hands the driver when it waits for a value
 _EXIT_TRIES = 3
 _ABANDONED: list[Any] = []  # instances that would not exit: never resumed, never collected
@@ -43,6 +47,7 @@ class Driver:
         self.current = 0  # the instance running now, or the last one to run
         self.stopping = False  # set when an instance raised: no new instance starts
         self.modes = 0  # the depth of the torch function mode stack the instances start at
+        self.hooks: Any = None  # the saved-tensor hooks they start with
 
     def pause(self) -> None:
         """Called by a read inside an instance: wait until the driver has run the graph.
@@ -52,6 +57,7 @@ class Driver:
         """
         grad = torch.is_grad_enabled()
         modes = [_pop_mode() for _ in range(_modes() - self.modes)][::-1]
+        hooks = self._pop_hooks()
         try:
             if torch.is_inference_mode_enabled():  # the driver and the others run outside
                 with torch.inference_mode(False):  # it; leaving restores this instance's
@@ -61,7 +67,21 @@ class Driver:
         finally:
             for mode in modes:
                 _push_mode(mode)
+            for pack, unpack in hooks:
+                _push_hooks(pack, unpack)
         _set_grad(grad)  # the driver and other instances may have changed it
+
+    def _pop_hooks(self) -> list[tuple[Any, Any]]:
+        """The saved-tensor hooks the waiting instance entered (``torch.utils.checkpoint``),
+        taken off, in the order to put them back: the batched run must not save through them
+        (a checkpoint's recomputation would run the instance's code on lazy values)."""
+        popped: list[tuple[Any, Any]] = []
+        while (top := _top_hooks(False)) is not None and (
+            self.hooks is None or top[0] is not self.hooks[0] or top[1] is not self.hooks[1]
+        ):
+            popped.append(top)
+            _pop_hooks()
+        return popped[::-1]
 
     @property
     def in_instance(self) -> bool:
@@ -77,6 +97,7 @@ class Driver:
         """
         self.main = getcurrent()
         self.modes = _modes()  # the torch function modes every instance starts with
+        self.hooks = _top_hooks(False)  # and the saved-tensor hooks
         results: list[Any] = []
         paused: dict[int, Any] = {}  # instance index -> its greenlet, waiting for a value
         todo = enumerate(instances)
