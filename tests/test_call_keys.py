@@ -146,3 +146,42 @@ def test_a_bound_method_or_a_class_given_to_a_module_is_read_as_it_is_now() -> N
     for got, item in zip(bf.batch_map(fn, items), items, strict=True):
         for g, w in zip(got, fn(item), strict=True):
             torch.testing.assert_close(g, w)
+
+
+class _Node:
+    """A tree node equal to another by its index alone, as a memo key."""
+
+    def __init__(self, index: int, word: int) -> None:
+        self.index, self.word = index, word
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Node) and self.index == other.index
+
+    def __hash__(self) -> int:
+        return hash(self.index)
+
+
+class _Token(str):
+    """A word that carries its part of speech."""
+
+    pos = "N"
+
+
+class _ReadsMore(nn.Module):
+    def forward(self, x: torch.Tensor, obj: Any) -> torch.Tensor:
+        if isinstance(obj, _Node):
+            return x * obj.word
+        return x * (2.0 if obj.pos == "V" else 3.0)
+
+
+def test_a_users_object_equal_by_part_of_its_state_is_not_a_key() -> None:
+    # node 0 of one tree took the call of node 0 of another (equal by index), and a str
+    # subclass the call of an equal word with another part of speech
+    module = _ReadsMore()
+    verb = _Token("run")
+    verb.pos = "V"
+    args = [_Node(0, 1), _Node(0, 1), _Node(0, 5), _Token("run"), _Token("run"), verb]
+    items = list(zip([*XS, *XS[:2]], args, strict=True))
+    fn = lambda item: module(torch.as_tensor(item[0]), item[1])  # noqa: E731
+    for got, item in zip(bf.batch_map(fn, items), items, strict=True):
+        torch.testing.assert_close(got, fn(item))

@@ -129,6 +129,9 @@ class CallKeys:
             hash(obj)
         except (TypeError, ValueError):  # a writable memoryview raises ValueError
             return ("object", id(obj))
+        if not _by_value(obj):  # a user's object equal by value (a tree node by its index, a
+            self.mutable_object = True  # str subclass): a forward may read more of it
+            return ("object", id(obj))
         if isinstance(obj, _SIGNED_ZEROS) and not obj:  # np.float64(-0.0) == 0.0; 1 / it is not
             return (kind, obj, repr(obj))
         return (kind, obj)  # equal objects of two types (np.int64(1), np.float64(1)) apart
@@ -136,4 +139,14 @@ class CallKeys:
 
 def _of_mutable(obj: Any) -> bool:
     """Whether ``obj`` is a method bound to an object whose attributes may change."""
-    return type(obj) is types.MethodType and type(obj.__self__).__hash__ is object.__hash__
+    return type(obj) is types.MethodType and not _by_value(obj.__self__)
+
+
+_VALUE_MODULES = frozenset(["builtins", "torch", "numpy", "enum"])
+
+
+def _by_value(obj: Any) -> bool:
+    """Whether equal objects of ``obj``'s type compute alike: Python's, PyTorch's and NumPy's
+    own values and enums, not a user's class whose ``__eq__`` compares some of its state."""
+    module = type(obj).__module__
+    return module.partition(".")[0] in _VALUE_MODULES or isinstance(obj, enum.Enum)
