@@ -15,6 +15,7 @@ from torch import nn
 
 import batchfold as bf
 from batchfold.execute import Executor
+from batchfold.schedule import Scheduler
 from reference import assert_matches_eager
 
 pytestmark = pytest.mark.usefixtures("float64")
@@ -329,3 +330,24 @@ def test_a_checkpointed_function_with_a_read_inside_gives_eagers_gradients() -> 
 
     items = [torch.randn(4, dtype=torch.float64) for _ in range(3)]
     assert_matches_eager(fn, items, layer)
+
+
+@pytest.mark.parametrize("scheduler", ["agenda", "depth"])
+def test_a_checkpoint_around_batch_map_recomputes_it_as_eager_code(scheduler: Scheduler) -> None:
+    # the checkpoint's signal that it had recomputed enough was wrapped as a rule's failure
+    layer, weight = nn.Linear(3, 3).double(), nn.Parameter(torch.randn(3, dtype=torch.float64))
+    fn = lambda x: torch.tanh(layer(torch.as_tensor(x))).sum(0) * weight  # noqa: E731
+
+    def grads(batched: bool) -> list[torch.Tensor]:
+        torch.manual_seed(1)
+        xs = [torch.randn(n, 3, dtype=torch.float64, requires_grad=True) for n in (2, 3)]
+
+        def whole(*items: torch.Tensor) -> torch.Tensor:
+            outs = bf.batch_map(fn, list(items), scheduler=scheduler) if batched else map(fn, items)
+            return torch.stack(list(outs))
+
+        loss = torch.utils.checkpoint.checkpoint(whole, *xs, use_reentrant=False).pow(2).sum()
+        return list(torch.autograd.grad(loss, [*layer.parameters(), weight, *xs]))
+
+    for got, want in zip(grads(True), grads(False), strict=True):
+        torch.testing.assert_close(got, want)
