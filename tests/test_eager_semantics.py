@@ -409,6 +409,19 @@ def test_a_per_instance_0d_value_given_as_a_number_is_read_as_eagerly(scheduler:
     assert_matches_eager(fn, xs, layer, scheduler)  # type: ignore[arg-type]
 
 
+def test_a_value_that_requires_grad_given_as_a_number_is_refused_as_eagerly() -> None:
+    # read as a number, its gradient was silently lost; eager PyTorch raises
+    items = [torch.tensor(0.5, dtype=torch.float64, requires_grad=True)]
+
+    def fn(s: torch.Tensor) -> torch.Tensor:
+        return F.leaky_relu(-torch.ones(3, dtype=torch.float64), torch.as_tensor(s))  # type: ignore[arg-type]
+
+    with pytest.raises(TypeError, match="must be Number, not Tensor"):
+        fn(items[0])
+    with pytest.raises(TypeError, match="must be Number, not Tensor"):
+        bf.batch_map(fn, items)
+
+
 def test_a_python_type_as_dtype_and_a_memoryview_make_what_eager_makes() -> None:
     # dtype=float reached the fast path of numbers as a dtype (an AttributeError), and a
     # writable memoryview's hash a ValueError where an unhashable object's is a TypeError

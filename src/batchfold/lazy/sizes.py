@@ -101,6 +101,14 @@ def read_numbers(
     keys = [k for k, v in kwargs.items() if k in names and _holds_0d(v)]
     if not hit and not keys:
         return None
+    for value in [*(args[i] for i in hit), *(kwargs[k] for k in keys)]:
+        for lazy in value if type(value) in (tuple, list) else (value,):
+            if type(lazy) is Lazy and lazy.requires_grad:  # eagerly: "must be Number"
+                raise TypeError(
+                    f"{name}(): an argument that takes a number got a tensor that requires "
+                    "grad, whose gradient would be lost: must be Number, not Tensor (as in "
+                    "eager PyTorch)"
+                )
     read = lambda v: _read(rec, v)  # noqa: E731
     args = tuple(read(a) if i in hit else a for i, a in enumerate(args))
     return args, {k: read(v) if k in keys else v for k, v in kwargs.items()}
