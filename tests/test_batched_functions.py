@@ -160,3 +160,23 @@ def test_setting_requires_grad_of_a_lazy_value_is_its_method() -> None:
         return t
 
     assert_matches_eager(unchanged, _xs())
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_a_function_that_branches_on_zeros_keeps_its_outputs_gradient(batched: bool) -> None:
+    # its outputs' requires_grad came from a call on zeros, which took the other branch: the
+    # results needed no grad, and no gradient reached the weight
+    weight = nn.Parameter(torch.randn(3, dtype=torch.float64))
+
+    def skip_zeros(x: torch.Tensor) -> torch.Tensor:
+        return x * weight if bool(x.abs().sum() > 0) else x.clone()
+
+    batched_fn = bf.function(skip_zeros, batched=batched)
+    items = [torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]), torch.tensor([[1.0, -1.0, 2.0]])]
+    items = [x.double() for x in items]
+    got = bf.batch_map(lambda x: batched_fn(torch.as_tensor(x)).sum(0), items)
+    want = [skip_zeros(x).sum(0) for x in items]
+    assert [g.requires_grad for g in got] == [w.requires_grad for w in want] == [True, True]
+    (grad,) = torch.autograd.grad(torch.stack(got).sum(), weight)
+    (eager,) = torch.autograd.grad(torch.stack(want).sum(), weight)
+    torch.testing.assert_close(grad, eager)

@@ -108,19 +108,27 @@ class BatchedFunction:
     ) -> tuple[tuple[bool, tuple[int, ...]], ...]:
         """Per output of a call (``template`` and ``in_metas`` its signature's, ``grad`` its
         grad mode), when eager PyTorch gives it ``requires_grad``: ``(needs, reads)`` (see
-        ``Signature.set_output_grad``). Found by calling the function on zeros: once with no
-        input requiring grad (an output that still does reads a weight), then once for each
-        floating-point input requiring it."""
+        ``Signature.set_output_grad``). Found by calling the function on zeros and on ones
+        (a function that branches on its values may take another way on each; an output
+        requires grad where either says so): once with no input requiring grad (an output that
+        still does reads a weight), then once for each floating-point input requiring it."""
         args, kwargs = template
 
-        def flags(grad_at: int | None) -> list[bool]:
+        def on(make: Any, grad_at: int | None) -> list[bool]:
             with torch._C.DisableTorchFunction(), torch.set_grad_enabled(grad):
-                zeros = [
-                    torch.zeros(m.shape, dtype=m.dtype, device=m.device, requires_grad=i == grad_at)
+                values = [
+                    make(m.shape, dtype=m.dtype, device=m.device, requires_grad=i == grad_at)
                     for i, m in enumerate(in_metas)
                 ]
-                out = self.eager(*fill(args, zeros), **fill(kwargs, zeros))
+                out = self.eager(*fill(args, values), **fill(kwargs, values))
                 return [t.requires_grad for t in tree_leaves(out) if isinstance(t, Tensor)]
+
+        def flags(grad_at: int | None) -> list[bool]:
+            found = on(torch.zeros, grad_at)
+            try:  # ones may not suit the function (an index out of range): zeros then decide
+                return [a or b for a, b in zip(found, on(torch.ones, grad_at), strict=True)]
+            except Exception:
+                return found
 
         needs = flags(None)
         reads: list[list[int]] = [[] for _ in needs]
