@@ -6,6 +6,7 @@ the ways the messages give work and equal eager PyTorch.
 
 from __future__ import annotations
 
+import warnings
 from collections import namedtuple
 from collections.abc import Callable
 from typing import Any
@@ -88,6 +89,20 @@ def _reseeded(x: torch.Tensor) -> Any:
     return _hidden(x)
 
 
+with warnings.catch_warnings():  # its first use scripts functions: torch.jit is deprecated
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import torch.autograd.forward_ad as fwad
+
+    with fwad.dual_level():
+        fwad.make_dual(torch.zeros(1), torch.zeros(1))
+
+
+def _dual(x: torch.Tensor) -> Any:
+    with fwad.dual_level():
+        h = fwad.make_dual(torch.as_tensor(x), torch.ones(3, dtype=torch.float64))
+        return fwad.unpack_dual(torch.tanh(h)).tangent
+
+
 CASES: list[tuple[str, Callable[[torch.Tensor], Any], str]] = [
     ("backward", lambda x: _hidden(x).sum().backward(), r"backward of a lazy tensor at"),
     ("hook", lambda x: _hidden(x).register_hook(lambda g: g), r"register_hook of a lazy"),
@@ -121,6 +136,8 @@ CASES: list[tuple[str, Callable[[torch.Tensor], Any], str]] = [
     # valid eagerly: each once met a ShapeError that called the code wrong
     ("unsqueeze_", lambda x: _hidden(x).unsqueeze_(0), r"unsqueeze_\(\) at .*shape in place"),
     ("t_", lambda x: _hidden(x).view(1, 3).t_(), r"t_\(\) at .*rebind it instead"),
+    # the batched ops ran after the dual level was left: a tangent of None, or PyTorch's error
+    ("forward AD", _dual, r"_make_dual at .*forward-mode AD inside batch_map"),
     # a leaf made from a lazy tensor: it came back without the flag
     (
         "tensor of a lazy, requires_grad",

@@ -277,6 +277,12 @@ def refuse_unrecordable(
             f"{name} at {site} on lazy tensors: gradients are computed after batch_map has "
             "run the batch; return the values from the function and call it on the results."
         )
+    if base_name(func) in ("_make_dual", "_unpack_dual"):
+        raise UnsupportedOpError(
+            f"{name} at {site}: forward-mode AD inside batch_map; the batched ops run after the "
+            "function has left its dual level. Take the derivative outside: torch.func.jvp of "
+            "a function that calls batch_map."
+        )
     if base_name(func) in ("embedding", "embedding_bag"):
         # F.embedding(input, weight, padding_idx, max_norm, norm_type, scale_grad_by_freq);
         # torch.embedding(weight, input, padding_idx, scale_grad_by_freq): no max_norm
