@@ -70,10 +70,10 @@ def run_family(
         args = list(inputs)
         casts = zero_d_casts(sig)
         wide = bool(casts) and scalar_kept_wide(sig, casts)  # then all at float32, as eager
-        for i, dtype in casts:
-            args[i] = args[i].to(torch.float32 if wide else dtype)
         if wide:
             args = [x.float() for x in args]
+        for i, dtype in () if wide else casts:
+            args[i] = args[i].to(dtype)
         for i, ragged in enumerate(family.ragged_in):
             if not ragged:  # one value per node: repeated for its rows, lined up on the right
                 x = args[i].index_select(0, segment)

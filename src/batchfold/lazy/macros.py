@@ -255,7 +255,7 @@ class ModuleCache:
         template(args, trace.lazies)  # in the order of ``inputs`` (see Recorder.args_key)
         template(kwargs, trace.lazies)
         state = None if dry() else attribute_state(module)  # a dry trace: see still_kept
-        held = Held(module, (args, kwargs))
+        held = Held(module if state is None else None, (args, kwargs))
         try:
             result = ORIGINAL_CALL(module, *args, **kwargs)
             if lengths is not None:

@@ -278,17 +278,19 @@ _CONTAINERS = (list, dict, collections.deque)
 
 
 class Held:
-    """Each list, dict and deque among the attributes of a module and its submodules and among
-    a call's arguments, with a shallow copy: what a forward may change in Python without
-    setting an attribute (``self.acts.append(h)``, ``cache.append(h)``).
+    """Each list, dict and deque among a call's arguments, and among the attributes of a
+    module and its submodules where given, with a shallow copy: what a forward may change in
+    Python without setting an attribute (``cache.append(h)``, ``self.acts.append(h)``).
 
     Arguments:
-        module: the module called.
+        module: the module called, or ``None`` where :func:`attribute_state` watches it (a
+            real trace: only a dry trace, which must undo such changes, looks here).
         call: the call's ``(args, kwargs)``.
     """
 
-    def __init__(self, module: nn.Module, call: Any) -> None:
-        found = [v for m in module.modules() for v in vars(m).values() if type(v) in _CONTAINERS]
+    def __init__(self, module: nn.Module | None, call: Any) -> None:
+        members = module.modules() if module is not None else ()
+        found = [v for m in members for v in vars(m).values() if type(v) in _CONTAINERS]
         found += [v for part in call for v in (part.values() if type(part) is dict else part)]
         self.saved = [(v, copy.copy(v)) for v in found if type(v) in _CONTAINERS]
 
