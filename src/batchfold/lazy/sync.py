@@ -52,8 +52,9 @@ class Driver:
     def pause(self) -> None:
         """Called by a read inside an instance: wait until the driver has run the graph.
 
-        The torch function modes the instance entered (``with torch.device(...)``) leave with
-        it: the driver's run and the other instances see the modes they entered themselves.
+        The torch function modes (``with torch.device(...)``) and saved-tensor hooks
+        (``torch.utils.checkpoint``) the instance entered leave with it: the driver's run and
+        the other instances see only their own.
         """
         grad = torch.is_grad_enabled()
         modes = [_pop_mode() for _ in range(_modes() - self.modes)][::-1]
