@@ -116,7 +116,7 @@ class Executor:
             parts.append(self._in_order(tensor, rows))
         stacked = parts[0] if len(parts) == 1 else torch.cat(parts)
         placed = np.concatenate(order)
-        if np.all(np.diff(placed) == 1):
+        if (placed[1:] - placed[:-1] == 1).all():
             return stacked
         inverse = np.empty_like(placed)
         inverse[placed] = np.arange(len(placed))
@@ -126,7 +126,7 @@ class Executor:
     def _in_order(tensor: Tensor, rows: np.ndarray) -> Tensor:
         """Rows of a step output in the order given: a slice when they are consecutive (no
         copy, and no scatter in the backward pass), else one gather."""
-        if rows[-1] - rows[0] == len(rows) - 1 and np.all(np.diff(rows) == 1):
+        if rows[-1] - rows[0] == len(rows) - 1 and (rows[1:] - rows[:-1] == 1).all():
             return tensor[int(rows[0]) : int(rows[-1]) + 1]
         return tensor.index_select(0, torch.from_numpy(rows).to(tensor.device))
 
@@ -141,8 +141,11 @@ class Executor:
         nodes = ids >> OUT_BITS
         steps, rows = self.node_step[nodes], self.node_row[nodes]
         source = steps * (OUT_MASK + 1) + (ids & OUT_MASK)
-        order = np.argsort(source, kind="stable")
-        for group in np.split(order, np.flatnonzero(np.diff(source[order])) + 1):
+        order = source.argsort(kind="stable")
+        ordered = source[order]
+        cuts = [0, *((ordered[1:] != ordered[:-1]).nonzero()[0] + 1).tolist(), len(order)]
+        for a, b in zip(cuts[:-1], cuts[1:], strict=True):
+            group = order[a:b]
             step, output = int(steps[group[0]]), int(ids[group[0]] & OUT_MASK)
             offsets = self.packed.get((step, output)) if self.packed else None
             yield group, self.outputs[step][output], offsets, rows[group], (step, output)

@@ -15,6 +15,7 @@ from .graph import OUT_BITS
 
 SMALL_BATCH = 32  # batches up to this size update the agenda in Python, larger ones in NumPy
 SMALL_GRAPH = 2048  # graphs up to this many nodes run the agenda on Python lists (faster there)
+_INT16_MAX = int(np.iinfo(np.int16).max)
 
 
 def by_depth(sig_of: np.ndarray, depth: np.ndarray) -> tuple[np.ndarray, list[int]]:
@@ -23,9 +24,10 @@ def by_depth(sig_of: np.ndarray, depth: np.ndarray) -> tuple[np.ndarray, list[in
         return np.zeros(0, dtype=np.int64), [0]
     key = depth * (sig_of.max() + 1) + sig_of
     # a stable sort on 16-bit keys is a radix sort: linear in the number of nodes
-    small = key.max() < np.iinfo(np.int16).max
-    order = np.argsort(key.astype(np.int16) if small else key, kind="stable")
-    cuts = np.flatnonzero(np.diff(key[order])) + 1
+    small = key.max() < _INT16_MAX
+    order = (key.astype(np.int16) if small else key).argsort(kind="stable")
+    ordered = key[order]
+    cuts = (ordered[1:] != ordered[:-1]).nonzero()[0] + 1
     return order, [0, *cuts.tolist(), len(order)]
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .errors import BatchingRuleError, ShapeError, add_note
+from .errors import BatchingRuleError, ShapeError, UnsupportedOpError, add_note
 from .graph import Signature, Slot, TensorMeta
 
 Tensor = torch.Tensor
@@ -144,6 +144,8 @@ def rule_failure(
     asynchronously, maybe by a later op than the one at fault."""
     if "device-side assert" in str(error) or type(error).__name__ == "_StopRecomputationError":
         return error  # also a checkpoint's signal that it has recomputed enough, not a failure
+    if isinstance(error, UnsupportedOpError):
+        return error  # a refusal made while the step ran, which says what and why
     for row in range(n):
         try:
             call_one(sig, [x[row] for x in inputs])

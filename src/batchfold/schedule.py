@@ -146,14 +146,15 @@ class _Layout:
         self.old_step, self.old_row = locations if locations is not None else (empty, empty)
         n = len(order)
         self.starts = np.asarray(bounds[:-1], dtype=np.int64)
-        self.sizes = np.diff(np.asarray(bounds, dtype=np.int64))
+        edges = np.asarray(bounds, dtype=np.int64)
+        self.sizes = edges[1:] - edges[:-1]
         self.step_sig = own[order[self.starts]]  # in a family's mixed step, one member's
         widths = graph.signature_arrays()[0]
         self.width = widths[self.step_sig] if n else empty
         self.node_step = np.empty(n, dtype=np.int64)
         self.node_row = np.empty(n, dtype=np.int64)
-        self.node_step[order] = first_step + np.repeat(np.arange(len(self.sizes)), self.sizes)
-        self.node_row[order] = np.arange(n) - np.repeat(self.starts, self.sizes)
+        self.node_step[order] = first_step + np.arange(len(self.sizes)).repeat(self.sizes)
+        self.node_row[order] = np.arange(n) - self.starts.repeat(self.sizes)
 
     def locate(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Steps and rows of global node ids ``nodes``, in this segment or earlier ones."""
@@ -177,12 +178,12 @@ class _Layout:
         small = todo & (self.sizes <= SMALL_GROUP)
         # the small groups' nodes and first inputs, as Python ints
         lengths = self.sizes[small]
-        at = np.repeat(self.starts[small] - np.cumsum(lengths) + lengths, lengths)
+        at = (self.starts[small] - lengths.cumsum() + lengths).repeat(lengths)
         small_nodes = order[at + np.arange(len(at))]
         node_list, first_list = small_nodes.tolist(), first[small_nodes].tolist()
         base, old_step, old_row = self.base, self.old_step, self.old_row
         i = 0  # small groups seen so far: their nodes are node_list[:i]
-        for s in np.flatnonzero(todo).tolist():
+        for s in todo.nonzero()[0].tolist():
             a, b = bounds[s], bounds[s + 1]
             if b - a > SMALL_GROUP:
                 group = order[a:b]
@@ -221,7 +222,7 @@ class _Layout:
             Gather(tuple(parts[a:b]), o)
             for a, b, o in zip(part_ptr[:-1], part_ptr[1:], orders, strict=True)
         ]
-        input_ptr = [0, *np.cumsum(self.width).tolist()]
+        input_ptr = [0, *self.width.cumsum().tolist()]
         nodes, sigs, pending = order + self.base, self.graph.signatures, self.graph.pending_of
         steps = [
             Step(
@@ -245,7 +246,9 @@ class _Layout:
         """The ragged length of each node of every step whose nodes have several lengths."""
         if not self.graph.families:
             return {}
-        changes = np.flatnonzero(node_sig[1:] != node_sig[:-1]) + 1
+        changes = (node_sig[1:] != node_sig[:-1]).nonzero()[0] + 1
+        if not len(changes):
+            return {}
         step = np.searchsorted(self.starts, changes, side="right") - 1
         mixed = np.unique(step[changes != self.starts[step]])  # a change inside a step
         length_of = self.graph.signature_arrays()[2]
@@ -268,13 +271,13 @@ class _Layout:
         """
         sizes, width = self.sizes, self.width
         cells = sizes * width
-        cell_start = np.cumsum(cells) - cells
+        cell_start = cells.cumsum() - cells
         # input c of step s: entries cell_start[s] + c * sizes[s] + row, a value id per row
         values = np.empty(int(cells.sum()), dtype=np.int64)
-        step_of = np.repeat(np.arange(len(sizes)), sizes)  # step of each row of the plan
+        step_of = np.arange(len(sizes)).repeat(sizes)  # step of each row of the plan
         sig_of = node_pool
-        by_sig = np.argsort(sig_of, kind="stable")
-        for rows in np.split(by_sig, np.flatnonzero(np.diff(sig_of[by_sig])) + 1):
+        by_sig = sig_of.argsort(kind="stable")
+        for rows in _runs(by_sig, sig_of[by_sig]):
             table = inputs[int(sig_of[rows[0]])] if len(rows) else None
             if table is None or table.shape[1] == 0:
                 continue
@@ -282,52 +285,52 @@ class _Layout:
             entry = cell_start[s] + rows - self.starts[s]
             entries = entry[:, None] + np.arange(table.shape[1]) * sizes[s][:, None]
             values[entries] = table[positions[rows]]
-        length = np.repeat(sizes, width)  # rows of each input
-        start = np.cumsum(length) - length
-        input_of = np.repeat(np.arange(len(length)), length)
+        length = sizes.repeat(width)  # rows of each input
+        start = length.cumsum() - length
+        input_of = np.arange(len(length)).repeat(length)
         step, row = self.locate(values >> OUT_BITS)
         src = step << OUT_BITS | values & OUT_MASK
         mixed = np.bincount(input_of[src != src[start][input_of]], minlength=len(length)) > 0
-        single = np.flatnonzero(~mixed)
+        single = (~mixed).nonzero()[0]
         broken = _broken(row, input_of, len(length))[single]
 
         # inputs from several step outputs: sort their rows by (source, row), cut at sources
-        entries = np.flatnonzero(mixed[input_of])
+        entries = mixed[input_of].nonzero()[0]
         perm = entries[_sort_by_input_source_row(input_of[entries], src[entries], row[entries])]
         sorted_input, sorted_src, sorted_row = input_of[perm], src[perm], row[perm]
         new = np.ones(len(perm), dtype=bool)
         new[1:] = (sorted_input[1:] != sorted_input[:-1]) | (sorted_src[1:] != sorted_src[:-1])
-        cut = np.flatnonzero(new)
-        run_broken = _broken(sorted_row, np.cumsum(new) - 1, len(cut))
+        cut = new.nonzero()[0]
+        run_broken = _broken(sorted_row, new.cumsum() - 1, len(cut))
         mixed_length = length * mixed
         rank = np.empty(len(values), dtype=np.int64)
-        rank[perm] = np.arange(len(perm)) - (np.cumsum(mixed_length) - mixed_length)[sorted_input]
+        rank[perm] = np.arange(len(perm)) - (mixed_length.cumsum() - mixed_length)[sorted_input]
         orders: list[np.ndarray | None] = [None] * len(length)
         for i, a, b in zip(
-            np.flatnonzero(mixed).tolist(),
+            mixed.nonzero()[0].tolist(),
             start[mixed].tolist(),
             (start + length)[mixed].tolist(),
             strict=True,
         ):
             orders[i] = rank[a:b]
 
-        by_input = np.argsort(np.concatenate([single, sorted_input[cut]]), kind="stable")
+        by_input = np.concatenate([single, sorted_input[cut]]).argsort(kind="stable")
         part_src = np.concatenate([src[start[single]], sorted_src[cut]])[by_input]
         first_row = np.concatenate([row[start[single]], sorted_row[cut]])[by_input]
-        count = np.concatenate([length[single], np.diff(np.append(cut, len(perm)))])[by_input]
+        count = np.concatenate([length[single], _run_lengths(cut, len(perm))])[by_input]
         index = np.concatenate([broken, run_broken])[by_input]
         offset = np.concatenate([start[single], len(values) + cut])[by_input]
         step_list, out_list = (part_src >> OUT_BITS).tolist(), (part_src & OUT_MASK).tolist()
         parts: list[Part] = list(
             zip(step_list, out_list, first_row.tolist(), (first_row + count).tolist(), strict=True)
         )
-        index_parts = np.flatnonzero(index).tolist()
+        index_parts = index.nonzero()[0].tolist()
         all_rows = np.concatenate([row, sorted_row]) if index_parts else row
         for i in index_parts:
             a = int(offset[i])
             parts[i] = (step_list[i], out_list[i], all_rows[a : a + int(count[i])])
         part_count = np.bincount(np.concatenate([single, sorted_input[cut]]), minlength=len(length))
-        return parts, part_src, [0, *np.cumsum(part_count).tolist()], orders
+        return parts, part_src, [0, *part_count.cumsum().tolist()], orders
 
 
 SMALL_GROUP = 64  # groups up to this size get their row order in plain Python
@@ -340,12 +343,23 @@ def _sort_by_input_source_row(input_of: np.ndarray, src: np.ndarray, row: np.nda
     n_src, n_row = int(src.max()) + 1, int(row.max()) + 1
     if (int(input_of.max()) + 1) * n_src * n_row >= 1 << 63:
         return np.lexsort((row, src, input_of))
-    return np.argsort((input_of * n_src + src) * n_row + row, kind="stable")
+    return ((input_of * n_src + src) * n_row + row).argsort(kind="stable")
+
+
+def _runs(items: np.ndarray, keys: np.ndarray) -> list[np.ndarray]:
+    """``items`` cut where the sorted ``keys`` change: one piece per run of equal keys."""
+    cuts = [0, *((keys[1:] != keys[:-1]).nonzero()[0] + 1).tolist(), len(items)]
+    return [items[a:b] for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+
+
+def _run_lengths(run_start: np.ndarray, total: int) -> np.ndarray:
+    """The length of each run, given where the runs start among ``total`` entries."""
+    return np.concatenate([run_start[1:], [total]])[: len(run_start)] - run_start
 
 
 def _broken(rows: np.ndarray, run_of: np.ndarray, n_runs: int) -> np.ndarray:
     """Whether each run's ``rows`` (runs are consecutive entries) are not ``a, a+1, ...``."""
-    bad = (np.diff(rows) != 1) & (run_of[1:] == run_of[:-1])
+    bad = (rows[1:] - rows[:-1] != 1) & (run_of[1:] == run_of[:-1])
     return np.bincount(run_of[:-1][bad], minlength=n_runs) > 0
 
 
@@ -358,14 +372,14 @@ def _fan_out(
     ``(step, output, j)``, chunk ``j``. A packed output (of a ragged step) is fanned out by
     nodes as well; the executor turns its nodes into their rows.
     """
-    mine = np.flatnonzero(source >= first_step << OUT_BITS)
-    by_source = mine[np.argsort(source[mine], kind="stable")]
+    mine = (source >= first_step << OUT_BITS).nonzero()[0]
+    by_source = mine[source[mine].argsort(kind="stable")]
     keys = source[by_source]
-    run_start = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]]) if len(keys) else mine
-    run_length = np.diff(np.append(run_start, len(keys)))
-    shared = np.flatnonzero(run_length > 1)
+    run_start = np.concatenate(([True], keys[1:] != keys[:-1])).nonzero()[0] if len(keys) else mine
+    run_length = _run_lengths(run_start, len(keys))
+    shared = (run_length > 1).nonzero()[0]
     fanouts: dict[int, list[Fanout]] = {}
-    for r in shared[np.argsort(by_source[run_start[shared]])].tolist():  # by first read
+    for r in shared[by_source[run_start[shared]].argsort()].tolist():  # by first read
         a = int(run_start[r])
         reads = by_source[a : a + int(run_length[r])].tolist()
         key = int(keys[a])
@@ -373,7 +387,7 @@ def _fan_out(
         rows = [_rows(parts[i]) for i in reads]
         every = np.concatenate(rows)
         n = int(sizes[step - first_step])
-        in_order = len(every) == n and bool(np.all(every == np.arange(n)))
+        in_order = len(every) == n and bool((every == np.arange(n)).all())
         fanout = Fanout(output, None if in_order else every, tuple(len(x) for x in rows))
         fanouts.setdefault(step - first_step, []).append(fanout)
         for j, i in enumerate(reads):

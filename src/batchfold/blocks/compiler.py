@@ -38,10 +38,13 @@ from .plan import (
     assemble_outputs,
     bind_plan,
     gather_rows,
+    live_state,
     map_tensors,
     output_layout,
     pack_plan,
+    refuse_stale_plan,
     sequence_batch,
+    weight_dtypes,
 )
 from .recursion import RecursionCheck, too_deep
 from .sequences import Map
@@ -123,6 +126,7 @@ class CompiledModel(nn.Module):
             name = self._buffer_names.get(id(tensor))
             if name is not None:
                 self.register_buffer(name, tensor)
+        self._dtypes = weight_dtypes(self)  # its blocks' types were made for these
 
     def _build(self) -> Specializer:
         """Specialise the root block; sets everything that is derived from the blocks."""
@@ -235,6 +239,8 @@ class CompiledModel(nn.Module):
             recorded - start,
             time.perf_counter() - recorded,
         )
+        if any(step.sig.ref is None for step in plan.steps):
+            block_plan.live = live_state(self, self._token)
         return block_plan
 
     def run(self, plan: BlockPlan, profile: bool = False) -> tuple[Any, dict[str, torch.Tensor]]:
@@ -250,6 +256,7 @@ class CompiledModel(nn.Module):
         """
         start = time.perf_counter()
         device = self.device
+        refuse_stale_plan(plan, self, self._token, getattr(self, "_dtypes", None))
         engine = bind_plan(plan, self, self._specs, self._checksum, self._token, device)
         store = Executor()
         store.profile = Profile() if profile else None

@@ -7,14 +7,17 @@ op by op through the lazy front end into the same graph.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils._pytree import tree_leaves
 
+from ..errors import UnsupportedOpError
 from ..graph import Signature, TensorMeta
 from ..lazy import Lazy
 from ..ops import OpRule, fill
@@ -127,15 +130,30 @@ class Function(Block):
             return Walker(out, _per_instance_walk(self.fn, args, ins, outs, out, self, path))
         multi = isinstance(out, TupleType)
         fn = self.fn
+        norms = [m for m in self.modules for m in m.modules() if isinstance(m, _BatchNorm)]
 
         def batched(sig: Signature, inputs: list[torch.Tensor], n: int) -> Any:
+            if norms and any(m.training for m in norms):
+                raise UnsupportedOpError(
+                    f"{self!r} at {path} holds a BatchNorm layer in training mode: it "
+                    "normalises over the rows batched into one step, other instances' "
+                    "included, so each instance's result would depend on the batch. Use "
+                    "LayerNorm, or put the model in eval mode."
+                )
+            versions = [x._version for x in inputs]
             result = fn(*fill(args, inputs))
+            if any(x._version != v for x, v in zip(inputs, versions, strict=True)):
+                raise UnsupportedOpError(
+                    f"{self!r} at {path} writes into its inputs in place; its inputs are rows "
+                    "of steps other blocks read too, so the write would reach them in the "
+                    "order steps run. Compute and return new tensors (x * 2, not x.mul_(2))."
+                )
             return tuple(tree_leaves(result)) if multi else result
 
         rule = OpRule(self.name, batched, user=True)
         spec = ctx.spec(
             OpSpec(self.name, path, tuple(ins), tuple(outs), rule, fn, (args, {}), multi),
-            share=("function", fn, in_type, out),
+            share=("function", _identity(fn), in_type, out),
         )
         return call_walker(spec, in_type, out)
 
@@ -148,8 +166,20 @@ class Function(Block):
         return out
 
     def _trial(self, in_type: Type, path: str) -> Type:
-        """Call ``fn`` on zeros of ``in_type`` to learn its output type."""
-        batch = None if self.per_instance else 2
+        """Call ``fn`` on zeros of ``in_type`` to learn its output type; a batched ``fn`` on
+        batches of 2 and of 3, which must give one row each of the same type: code that does
+        not treat dim 0 as the batch (``a * s`` with ``s`` a per-instance 0-d value, which
+        arrives as ``[n]``) broadcasts silently where ``n`` equals a row's width."""
+        if self.per_instance:
+            return self._trial_at(in_type, path, None)
+        found = self._trial_at(in_type, path, 2)
+        if self._trial_at(in_type, path, 3, found) != found:  # pragma: no cover - raised inside
+            raise AssertionError("unreachable")
+        return found
+
+    def _trial_at(
+        self, in_type: Type, path: str, batch: int | None, want: Type | None = None
+    ) -> Type:
         device = device_of(self.modules)
         lead = () if batch is None else (batch,)
         zeros = [
@@ -168,14 +198,21 @@ class Function(Block):
                 stack.callback(lambda: [m.train(mode) for m, mode in training])
                 for module in self.modules:
                     module.eval()
-                return _type_of(self.fn(*fill(args, zeros)), batch)
+                found = _type_of(self.fn(*fill(args, zeros)), batch)
+                if want is not None and found != want:
+                    raise TypeError(
+                        f"on a batch of 2 it gives one row each of {want!r}, on a batch of 3 "
+                        f"{found!r}"
+                    )
+                return found
         except Exception as error:
             raise BlockTypeError(
                 self,
                 path,
                 "an input it can compute on",
                 in_type,
-                hint=f"Calling it on zeros of that type raised {type(error).__name__}: {error}",
+                hint=f"Calling it on zeros of that type raised {type(error).__name__}: {error}"
+                + (_ROWS_HINT if want is not None else ""),
             ) from error
 
     def __repr__(self) -> str:
@@ -183,6 +220,21 @@ class Function(Block):
         if self.in_type is not None:
             extra = f", in_type={self.in_type!r}" + extra
         return f"Function({_callable_repr(self.fn)}{extra})"
+
+
+_ROWS_HINT = (
+    " (a batch of 3; a batch of 2 ran): a batched function must treat dim 0 as the batch "
+    "everywhere; a per-instance 0-d value arrives as [n]: broadcast it with s[:, None]"
+)
+
+
+def _identity(fn: Any) -> Any:
+    """What makes two blocks' callables the same op: the object itself, never equality (two
+    callables may compare equal and compute differently, or not be hashable); a bound method
+    by its object and function, as each attribute access makes a new one."""
+    if inspect.ismethod(fn):
+        return ("method", id(fn.__self__), id(fn.__func__))
+    return id(fn)
 
 
 def _callable_repr(fn: Any) -> str:

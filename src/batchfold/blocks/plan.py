@@ -15,6 +15,7 @@ from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import torch
+from torch import nn
 
 from ..execute import Executor
 from ..graph import Signature
@@ -67,6 +68,8 @@ class BlockPlan:
         record_s, schedule_s: seconds spent walking the inputs and scheduling.
         bound: the model and device the signatures are bound to now (``None`` once
             pickled).
+        live: the model's state when per-instance code (``Function(..., per_instance=True)``)
+            recorded steps of the plan (see :func:`live_state`); ``None`` if none did.
     """
 
     plan: Plan
@@ -80,6 +83,7 @@ class BlockPlan:
     record_s: float = 0.0
     schedule_s: float = 0.0
     bound: tuple[object, torch.device] | None = None
+    live: Any = None  # see live_state: set where per-instance code recorded steps
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "bound": None}
@@ -239,6 +243,59 @@ def pack_plan(
         instances=len(outs),
         model=checksum,
         bound=(token, tape.device),
+    )
+
+
+def live_state(model: nn.Module, token: object) -> tuple[Any, ...]:
+    """What steps recorded by per-instance code depend on: the model (its token), the grad
+    and inference modes, each module's train/eval mode, and each weight's identity and
+    version. Such steps keep what their code computed from the weights when the plan was
+    scheduled (``W * 2``, a dropout mask drawn or not), so they are valid for this state only."""
+    tensors = (*model.parameters(), *model.buffers())
+    return (
+        token,
+        torch.is_grad_enabled(),
+        torch.is_inference_mode_enabled(),
+        tuple(m.training for m in model.modules()),
+        tuple((id(t), t._version) for t in tensors),
+    )
+
+
+def weight_dtypes(model: nn.Module) -> tuple[torch.dtype, ...]:
+    """The dtype of each of a model's parameters and buffers."""
+    return tuple(t.dtype for t in (*model.parameters(), *model.buffers()))
+
+
+def refuse_stale_plan(
+    plan: BlockPlan, model: nn.Module, token: object, compiled: tuple[torch.dtype, ...] | None
+) -> None:
+    """Refuse to run a plan on a model whose weights changed dtype since it was compiled (with
+    ``compiled``), or one with steps recorded by per-instance code in a state other than the
+    one it was scheduled in (see :func:`live_state`)."""
+    dtypes = weight_dtypes(model)
+    if compiled is not None and dtypes != compiled:
+        moved = next(b for a, b in zip(compiled, dtypes, strict=False) if a != b)
+        raise ValueError(
+            f"the model's weights are {moved} now, not the dtypes it was compiled with "
+            "(model.double(), .half() or .to(dtype) after compile): its blocks' input and "
+            "output types were fixed when it was compiled. Compile the blocks again after "
+            "moving the weights, or give the blocks that dtype (Vector(3, torch.float64))."
+        )
+    if plan.live is None or plan.live == (now := live_state(model, token)):
+        return
+    what = (
+        "another model (a copy?) runs it",
+        "the grad mode has changed",
+        "inference mode has changed",
+        "a module has been switched between train and eval",
+        "a weight has been updated in place (an optimizer step) or replaced",
+    )
+    changed = next(w for w, a, b in zip(what, plan.live, now, strict=True) if a != b)
+    raise ValueError(
+        "this plan holds steps recorded by per-instance code (Function(..., "
+        "per_instance=True)), which keep what the code computed from the model's weights and "
+        f"modes when schedule() ran, and {changed}. Schedule the batch again in the "
+        "state it is to run in (or call the model on it)."
     )
 
 

@@ -79,7 +79,10 @@ class Max(_ElementwiseReduce):
 
 def _divide(sig: Signature, inputs: list[torch.Tensor], n: int) -> torch.Tensor:
     total, count = inputs
-    return total / count.reshape(n, *[1] * (total.dim() - 1))
+    # the count is float32 (or float64) and half precision divides at float32, as ``total /
+    # len(items)`` does eagerly: a half-precision count is inf past 65,504 items
+    quotient = total.to(count.dtype) / count.reshape(n, *[1] * (total.dim() - 1))
+    return quotient.to(total.dtype)
 
 
 class Mean(Block):
@@ -99,7 +102,7 @@ class Mean(Block):
         if not (isinstance(elem, TensorType) and elem.dtype.is_floating_point):
             raise BlockTypeError(self, path, "a sequence of floating-point tensors", in_type)
         total = ctx.child(self.sum, in_type, path).walk
-        scalar = TensorType((), elem.dtype)
+        scalar = TensorType((), torch.promote_types(elem.dtype, torch.float32))
         count = ctx.spec(OpSpec("length", path, (), (scalar,), source="scalar"))
         rule = OpRule("mean", _divide)
         divide = ctx.spec(OpSpec("mean", path, (elem, scalar), (elem,), rule, torch.div))

@@ -74,6 +74,22 @@ def _fits_span(x: torch.Tensor, span: range) -> bool:
         return x.numel() == 0 or span.start <= x.min().item() and x.max().item() < span.stop
 
 
+def _lossy_cast(x: torch.Tensor, dtype: torch.dtype, span: range | None) -> str | None:
+    """What ``dtype`` takes, if casting ``x`` to it would change a value (an imaginary part
+    dropped, a fraction cut); ``None`` if the cast keeps every value, as Python numbers are
+    checked: floats take any real number, integer and bool types integers."""
+    if dtype.is_complex:
+        return None
+    if x.is_complex():
+        return "real numbers"
+    if dtype.is_floating_point:
+        return None
+    if span is not None:
+        return None if _fits_span(x, span) else f"integers in [{span.start}, {span.stop - 1}]"
+    whole = _fits_span(x, range(-(2**63), 2**63))  # bool: any integer, as torch.tensor(2) does
+    return None if whole else "integers"
+
+
 def _span(dtype: torch.dtype) -> range | None:
     """The integers a dtype holds (``None``: any, as floats and bool take every int)."""
     if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
@@ -112,9 +128,9 @@ class _TensorInput(Block):
                 if tuple(x.shape) != shape:
                     raise tape.fail(block, path, f"got a tensor of shape {tuple(x.shape)}")
                 if x.dtype != t.dtype:
-                    if span is not None and not _fits_span(x, span):  # as a number would be
-                        want = f"integers in [{span.start}, {span.stop - 1}]"
-                        raise tape.fail(block, path, f"expected {want}, got a {x.dtype} tensor")
+                    lossy = _lossy_cast(x, t.dtype, span)  # refused, as a number would be
+                    if lossy is not None:
+                        raise tape.fail(block, path, f"expected {lossy}, got a {x.dtype} tensor")
                     x = x.to(t.dtype)
                 if tape.lazy and x.device != tape.device:
                     x = x.to(tape.device)

@@ -1,0 +1,165 @@
+"""What a Function block refuses, and what it no longer gets wrong: callables told apart by
+identity, code that is not row-wise, BatchNorm in training, writes into inputs, plans whose
+per-instance steps went stale, weights moved to another dtype; and Mean and lossy input casts
+against eager PyTorch."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+
+from batchfold.blocks import (
+    AllOf,
+    Function,
+    Map,
+    Mean,
+    Record,
+    Scalar,
+    Sum,
+    Vector,
+    compile,
+)
+from batchfold.errors import BatchfoldError, UnsupportedOpError
+
+pytestmark = pytest.mark.usefixtures("float64")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Head:
+    """A callable whose tensor field takes no part in ``==``, as tensors break equality."""
+
+    name: str
+    weight: torch.Tensor = dataclasses.field(compare=False)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight.t()
+
+
+@dataclasses.dataclass
+class _Scale:  # eq=True without frozen: not hashable
+    k: float
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.k
+
+
+def test_callables_that_compare_equal_are_two_ops() -> None:
+    a, b = _Head("head", torch.ones(1, 2)), _Head("head", torch.full((1, 2), 10.0))
+    assert a == b
+    model = compile(Record((Vector(2) >> Function(a), Vector(2) >> Function(b))))
+    (ya, yb), _ = model([([1.0, 2.0], [1.0, 2.0])])
+    x = torch.tensor([[1.0, 2.0]])
+    torch.testing.assert_close(ya, a(x), rtol=0, atol=1e-12)
+    torch.testing.assert_close(yb, b(x), rtol=0, atol=1e-12)
+
+
+def test_an_unhashable_callable_compiles() -> None:
+    model = compile(Map(Scalar() >> Function(_Scale(2.0))) >> Sum())
+    out, _ = model([[1.0, 2.0], [3.0]])
+    torch.testing.assert_close(out, torch.tensor([6.0, 6.0]), rtol=0, atol=0)
+
+
+def test_a_bound_method_used_twice_is_one_op() -> None:
+    lin = nn.Linear(2, 2)
+    model = compile(Record((Vector(2) >> Function(lin.forward), Vector(2) >> Function(lin.forward))))
+    assert len([s for s in model._specs if s.name == "forward"]) == 1
+
+
+def test_code_that_is_not_row_wise_is_refused_at_compile() -> None:
+    with pytest.raises(BatchfoldError, match=r"s\[:, None\]"):
+        compile(Record((Vector(2), Scalar())) >> Function(lambda a, s: a * s))
+    model = compile(Record((Vector(2), Scalar())) >> Function(lambda a, s: a * s[:, None]))
+    data = [([1.0, 1.0], 2.0), ([1.0, 1.0], 3.0)]
+    out, _ = model(data)
+    want = torch.stack([torch.tensor(a) * s for a, s in data])
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+
+
+def test_batchnorm_in_training_is_refused_and_runs_in_eval() -> None:
+    norm = nn.BatchNorm1d(2)
+    model = compile(Map(Vector(2) >> Function(norm)) >> Sum())
+    data = [[[1.0, 2.0], [3.0, 5.0]], [[100.0, -7.0]]]
+    with pytest.raises(UnsupportedOpError, match="BatchNorm"):
+        model(data)
+    assert norm.num_batches_tracked.item() == 0
+    norm.running_mean.copy_(torch.tensor([1.0, -1.0]))
+    norm.eval()
+    out, _ = model(data)
+    want = torch.stack([norm(torch.tensor(x)).sum(0) for x in data])
+    torch.testing.assert_close(out, want, rtol=0, atol=1e-12)
+
+
+def test_a_function_that_writes_into_its_input_is_refused() -> None:
+    def double_(x: torch.Tensor) -> torch.Tensor:
+        return x.mul_(2)
+
+    model = compile(Vector(2) >> AllOf(Function(double_), Function(torch.neg)))
+    with pytest.raises(UnsupportedOpError, match="writes into its inputs"):
+        model([[1.0, 2.0], [3.0, 4.0]])
+
+
+def test_mean_of_a_long_half_precision_sequence_divides_as_eager() -> None:
+    for n in (2049, 3001, 66_000):
+        xs = [1.0] * (n - 1) + [float(n)] if n < 65_504 else [2.0**-10] * n
+        got, _ = compile(Map(Scalar("float16")) >> Mean())([xs])
+        total, _ = compile(Map(Scalar("float16")) >> Sum())([xs])
+        want = total[0] / len(xs)
+        assert got.dtype == torch.float16
+        torch.testing.assert_close(got[0], want, rtol=0, atol=0)
+
+
+def test_lossy_tensor_inputs_are_refused_as_numbers_are() -> None:
+    with pytest.raises(BatchfoldError, match="real numbers"):
+        compile(Scalar())([torch.tensor(1 + 2j)])
+    with pytest.raises(BatchfoldError, match="integers"):
+        compile(Scalar(torch.bool))([torch.tensor(0.5)])
+    out, _ = compile(Scalar(torch.bool))([torch.tensor(1.0), torch.tensor(0)])
+    assert out.tolist() == [True, False]
+    out, _ = compile(Scalar(torch.complex128))([torch.tensor(2.0)])
+    assert out.tolist() == [2 + 0j]
+
+
+def _per_instance_model() -> tuple[nn.Linear, nn.Module]:
+    lin = nn.Linear(2, 3)
+    function = Function(lambda x: x @ (lin.weight * 2).t(), per_instance=True, modules=[lin])
+    return lin, compile(Map(Vector(2) >> function) >> Sum())
+
+
+DATA = [[[1.0, 2.0], [3.0, 4.0]], [[0.5, -1.0]]]
+
+
+def test_a_plan_of_per_instance_steps_runs_in_the_state_it_was_scheduled_in() -> None:
+    lin, model = _per_instance_model()
+    plan = model.schedule(DATA)
+    got, _ = model.run(plan)
+    want = torch.stack([sum(torch.tensor(x) @ (lin.weight * 2).t() for x in xs) for xs in DATA])
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("change", ["weights", "grad mode", "eval", "copy"])
+def test_a_plan_of_per_instance_steps_is_refused_once_the_model_changed(change: str) -> None:
+    lin, model = _per_instance_model()
+    if change == "grad mode":
+        with torch.no_grad():
+            plan = model.schedule(DATA)
+    else:
+        plan = model.schedule(DATA)
+    if change == "weights":
+        with torch.no_grad():
+            lin.weight.add_(0.25)
+    elif change == "eval":
+        model.eval()
+    runner = copy.deepcopy(model) if change == "copy" else model
+    with pytest.raises(ValueError, match="per-instance code"):
+        runner.run(plan)
+
+
+def test_weights_moved_to_another_dtype_after_compile_are_refused() -> None:
+    model = compile(Vector(3) >> Function(nn.Linear(3, 2)))
+    model.float()
+    with pytest.raises(ValueError, match="dtypes it was compiled with"):
+        model([[1.0, 2.0, 3.0]])
