@@ -380,6 +380,34 @@ def test_half_precision_by_a_wider_0d_value_rounds_where_eager_does(
             assert g.dtype == w.dtype == dtype and torch.equal(g, w)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 0])
+def test_half_precision_floor_division_by_a_wider_0d_value_rounds_where_eager_does(
+    dtype: torch.dtype, rows: int
+) -> None:
+    """``h // c`` and ``torch.div(h, c, rounding_mode=...)`` keep a float32 0-d ``c`` at
+    float32 eagerly, as ``h / c`` does: 1.5 // 0.75148 is 1, where ``c`` rounded to 0.75
+    first gave 2."""
+    gen = torch.Generator().manual_seed(0)
+    items = [(torch.tensor([[-0.0942, 1.5, -1.5703]]).to(dtype), 0.7514795064926147)] + [
+        ((torch.randn(5 if rows else 2 + i, 3, generator=gen) * 9).to(dtype), 0.3 + i / 7)
+        for i in range(4)
+    ]
+
+    def fn(item: tuple[torch.Tensor, float]) -> Any:
+        h, c = torch.as_tensor(item[0]), torch.tensor(item[1])
+        return (
+            h // c,
+            torch.floor_divide(h, c),
+            torch.div(h, c, rounding_mode="floor"),
+            torch.div(h, c, rounding_mode="trunc"),
+        )
+
+    for got, want in zip(bf.batch_map(fn, items), [fn(x) for x in items], strict=True):
+        for g, w in zip(got, want, strict=True):
+            assert g.dtype == w.dtype == dtype and torch.equal(g, w)
+
+
 @pytest.mark.parametrize("scheduler", SCHEDULERS)
 def test_a_per_instance_0d_value_given_as_a_number_is_read_as_eagerly(scheduler: str) -> None:
     """A lazy 0-d value where PyTorch takes a number (a dim, a count, a slope) is read, as

@@ -186,19 +186,20 @@ def lift(x: Tensor, rank: int) -> Tensor:
 
 _LOW = (torch.float16, torch.bfloat16)
 _WIDE_SCALAR_SECOND = frozenset(
-    [*named("mul", "multiply", "div", "divide", "true_divide"), torch.Tensor.__mul__]
-    + [torch.Tensor.__truediv__]
+    [*named("mul", "multiply", "div", "divide", "true_divide", "floor_divide")]
+    + [torch.Tensor.__mul__, torch.Tensor.__truediv__, torch.Tensor.__floordiv__]
 )
 
 
 def scalar_kept_wide(sig: Signature, casts: list[tuple[int, torch.dtype]]) -> bool:
     """Whether eager PyTorch (on the CPU) multiplies or divides half-precision values by a
-    wider per-instance 0-d second operand at its own precision, rounding once: ``h * c`` and
-    ``h / c`` do (``c * h`` rounds ``c`` first), where casting ``c`` first would round twice."""
+    wider per-instance 0-d second operand at its own precision, rounding once: ``h * c``,
+    ``h / c`` and ``h // c`` do (any rounding mode; ``c * h`` rounds ``c`` first), where
+    casting ``c`` first would round twice."""
     if sig.func not in _WIDE_SCALAR_SECOND or sig.out_metas[0].dtype not in _LOW:
         return False
-    args, kwargs = sig.template
-    if kwargs.get("rounding_mode") is not None or len(args) < 2 or type(args[1]) is not Slot:
+    args, _ = sig.template
+    if len(args) < 2 or type(args[1]) is not Slot:
         return False
     second = args[1].index
     return any(i == second for i, _ in casts) and sig.in_metas[second].dtype.is_floating_point
