@@ -165,6 +165,24 @@ def _split_command(argv: Sequence[str]) -> tuple[str, str] | None:
     return command, argv[1]
 
 
+def _check_device(device: str) -> None:
+    """Refuse a ``--device`` that torch does not know or this machine does not have, before
+    any data is read or checkpoint loaded."""
+    try:
+        found = torch.device(device)
+    except RuntimeError as error:
+        raise ConfigError(f"--device {device}: not a torch device ({error})") from None
+    if found.type == "cuda" and (
+        not torch.cuda.is_available() or (found.index or 0) >= torch.cuda.device_count()
+    ):
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        raise ConfigError(
+            f"--device {device}: this machine has {count} CUDA device(s) that torch "
+            f"{torch.__version__} can use; give --device cpu"
+            + (f" or cuda:0 to cuda:{count - 1}" if count else "")
+        )
+
+
 def _run(command: str, task: str, options: Sequence[str]) -> int:
     from batchfold.training import loop
 
@@ -172,11 +190,13 @@ def _run(command: str, task: str, options: Sequence[str]) -> int:
     module = load_task_module(task)
     if command == "train":
         args = parser.parse_args(options, namespace=argparse.Namespace(task=task))
+        _check_device(args.device)
         _set_threads(args.threads)
         loop.prepare_out(args.out)  # before make_task reads the data: fail fast
         loop.train(module.make_task(args), args)
         return 0
     known, _ = parser.parse_known_args(options)
+    _check_device(known.device)
     config = loop.load_checkpoint(known.checkpoint)["config"]
     if config.get("task", task) != task:
         raise ConfigError(

@@ -65,7 +65,9 @@ def test_an_unhashable_callable_compiles() -> None:
 
 def test_a_bound_method_used_twice_is_one_op() -> None:
     lin = nn.Linear(2, 2)
-    model = compile(Record((Vector(2) >> Function(lin.forward), Vector(2) >> Function(lin.forward))))
+    model = compile(
+        Record((Vector(2) >> Function(lin.forward), Vector(2) >> Function(lin.forward)))
+    )
     assert len([s for s in model._specs if s.name == "forward"]) == 1
 
 

@@ -169,6 +169,16 @@ def _splits(train: list[Sentence]) -> UDSplits:
     return UDSplits(train, train, train)
 
 
+def test_an_empty_dev_split_is_an_error_not_an_accuracy_of_0() -> None:
+    """An empty dev file scored 0.00 and model selection went on as if it were a result."""
+    train = random_sentences(2, random.Random(1))
+    task = TaggerTask(UDSplits(train, [], train), word_dim=2, char_dim=0, hidden=2)
+    model = task.build_model()
+    with pytest.raises(ValueError, match="tagger dev: .* nothing to evaluate"):
+        task.evaluate(model, "dev")
+    assert 0 <= task.evaluate(model, "test")["test_upos"] <= 100
+
+
 def test_glove_vectors_start_the_words_they_cover(tmp_path: Path, capsys) -> None:
     train = random_sentences(6, random.Random(3))
     glove = tmp_path / "glove.txt"

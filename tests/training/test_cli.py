@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from sst_files import TinySST
 
 from batchfold import cli
@@ -60,6 +61,32 @@ def test_bad_option_value_is_rejected() -> None:
     with pytest.raises(SystemExit) as exit_info:
         cli.build_parser("train", "sst").parse_args(["--optimizer", "sgd"])
     assert exit_info.value.code == 2
+
+
+@pytest.mark.parametrize("option", ["--max-train", "--max-eval"])
+@pytest.mark.parametrize("value", ["0", "-800"])
+def test_item_counts_below_one_are_rejected(
+    option: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``items[:-800]`` kept all but the last 800 items; ``[:0]`` trained on nothing."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli.build_parser("train", "esol").parse_args([option, value])
+    assert exit_info.value.code == 2
+    assert f"{option}: expected at least 1, got {value}" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_a_device_this_machine_lacks_is_refused_before_anything_runs(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``train`` ended in an AssertionError from model.to('cuda') after the data was read;
+    ``eval`` called a healthy checkpoint damaged."""
+    extra = ["--out", str(tmp_path)] if command == "train" else ["--checkpoint", "missing.pt"]
+    assert cli.main([command, "esol", "--device", "cuda", *extra]) == 1
+    assert "--device cuda: this machine has 0 CUDA device(s)" in capsys.readouterr().err
+    assert cli.main([command, "esol", "--device", "gpu3", *extra]) == 1
+    assert "--device gpu3: not a torch device" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -93,6 +93,22 @@ def test_a_run_resumes_with_another_number_of_processes(tiny_sst: TinySST, tmp_p
         torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5, msg=name)
 
 
+def test_two_processes_with_dropout_resume_as_if_never_stopped(
+    tiny_sst: TinySST, tmp_path: Path
+) -> None:
+    """Each rank draws its own dropout masks; a resumed run restores each rank's generators,
+    where every rank got rank 0's (the same masks on both ranks from the resumed epoch)."""
+    extra = ("--compare-batches", "0", "--dropout", "0.3")
+    out, straight = tmp_path / "resumed", tmp_path / "straight"
+    assert _run(tiny_sst.train_argv(out, *extra, "--epochs", "1"), 2).returncode == 0
+    done = _run(tiny_sst.train_argv(out, *extra, "--epochs", "2", "--resume"), 2)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert _run(tiny_sst.train_argv(straight, *extra, "--epochs", "2"), 2).returncode == 0
+    a, b = load_checkpoint(out / "last.pt")["model"], load_checkpoint(straight / "last.pt")["model"]
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-6, msg=name)
+
+
 def test_shares_cover_a_batch_once() -> None:
     for world in (1, 2, 3, 5):
         for n in (0, 1, 4, 7):

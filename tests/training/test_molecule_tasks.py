@@ -95,7 +95,17 @@ def test_mean_roc_auc_skips_tasks_with_one_class():
     labels = torch.tensor([[1, 0, 1], [0, 1, 1], [0, 0, 1]])
     mask = torch.ones(3, 3, dtype=torch.bool)
     assert mean_roc_auc(scores, labels, mask) == pytest.approx((1.0 + 1.0) / 2)
-    assert math.isnan(mean_roc_auc(scores[:, 2:], labels[:, 2:], mask[:, 2:]))
+    with pytest.raises(ValueError, match="no task has both classes"):  # not a NaN metric
+        mean_roc_auc(scores[:, 2:], labels[:, 2:], mask[:, 2:])
+
+
+def test_esol_standardises_on_the_molecules_it_trains_on(tmp_path: Path):
+    """With --max-train N, the mean and spread of the first N training molecules (the ones
+    the loop trains on), not of the whole split."""
+    task = ESOLTask(options("esol", write_esol(tmp_path), "--max-train", "5"))
+    used = torch.stack([m.label for m in task.train_items()[:5]]).double()
+    assert task.mean == pytest.approx(used.mean().item())
+    assert task.std == pytest.approx(used.std().item())
 
 
 def test_regression_metrics():

@@ -12,6 +12,7 @@ from sst_files import TinySST
 from torch import Tensor, nn
 
 from batchfold import cli
+from batchfold.errors import ConfigError
 from batchfold.training import loop
 from batchfold.training.checkpoint import save_checkpoint
 from batchfold.training.optim import make_average
@@ -154,6 +155,19 @@ def test_the_loop_runs_any_task(tmp_path: Path) -> None:
     assert summary["throughput"] is None  # no eager baseline to compare with
     assert summary["test"].keys() == {"neg_mse"}
     assert json.loads((tmp_path / "config.json").read_text())["lr"] == 0.1
+
+
+def test_a_fresh_run_leaves_nothing_of_an_earlier_run_to_resume(tmp_path: Path) -> None:
+    """A fresh start in a used folder that stops in its first epoch left the earlier run's
+    last.pt, and --resume went on from that run's weights and epochs."""
+    loop.train(LinearTask(), linear_args(tmp_path))
+    assert (tmp_path / "last.pt").is_file() and (tmp_path / "test.json").is_file()
+    with pytest.raises(FloatingPointError):  # a fresh run that stops in its first epoch
+        loop.train(LinearTask(scale=1e30), linear_args(tmp_path))
+    for name in ("last.pt", "best.pt", "test.json", "curves.png"):
+        assert not (tmp_path / name).exists(), name
+    with pytest.raises(ConfigError, match="no checkpoint"):
+        loop.train(LinearTask(), linear_args(tmp_path, "--resume"))
 
 
 def test_a_diverging_loss_stops_with_a_clear_error(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ import conllu
 from conllu.exceptions import ParseException
 from conllu.parser import DEFAULT_FIELD_PARSERS, DEFAULT_FIELDS, parse_line
 
-from batchfold.data.paths import not_utf8
+from batchfold.data.paths import UNREADABLE, not_utf8
 from batchfold.errors import ConlluFormatError
 
 __all__ = [
@@ -396,5 +396,5 @@ def read_conllu(path: str | os.PathLike[str]) -> list[Sentence]:
     with _open_text(path) as lines:
         try:
             return list(_iter_sentences(lines, str(path)))
-        except UnicodeDecodeError as error:
+        except UNREADABLE as error:
             raise not_utf8(path, error) from None

@@ -16,7 +16,7 @@ from typing import TextIO
 
 import torch
 
-from batchfold.data.paths import find_data, not_utf8
+from batchfold.data.paths import UNREADABLE, find_data, not_utf8
 from batchfold.data.sst import unescape_word
 from batchfold.data.vocab import Vocab
 
@@ -52,7 +52,7 @@ def _lines(file: Path, dim: int | None) -> Iterator[tuple[int, str, list[str]]]:
                 line_no, line = next(lines)
             except StopIteration:
                 return
-            except UnicodeDecodeError as error:  # decoded a block at a time: no line
+            except UNREADABLE as error:  # decoded a block at a time: no line
                 raise not_utf8(file, error) from None
             word, *values = line.rstrip("\r\n ").split(" ")
             if not word:

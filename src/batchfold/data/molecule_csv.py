@@ -25,7 +25,7 @@ from batchfold.data.molecule_features import (
     featurize_mol,
     parse_smiles,
 )
-from batchfold.data.paths import not_utf8
+from batchfold.data.paths import UNREADABLE, not_utf8
 
 __all__ = ["MoleculeSet", "SkippedMoleculeWarning", "read_molecule_csv"]
 
@@ -200,5 +200,5 @@ def _utf8_lines(lines: Iterator[str], source: str) -> Iterator[str]:
     """``lines``, with a file that is not UTF-8 text named in the error."""
     try:
         yield from lines
-    except UnicodeDecodeError as error:
+    except UNREADABLE as error:
         raise not_utf8(source, error) from None

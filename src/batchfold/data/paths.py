@@ -8,7 +8,9 @@ Downloads go to :func:`cache_dir`.
 
 from __future__ import annotations
 
+import gzip
 import os
+import zlib
 from pathlib import Path
 
 _CHECKOUT = Path(__file__).resolve().parents[3]
@@ -70,7 +72,18 @@ def find_data(name: str, path: str | os.PathLike[str] | None = None) -> Path | N
     return None
 
 
-def not_utf8(file: str | os.PathLike[str], error: UnicodeDecodeError, line: int = 0) -> ValueError:
-    """The error for a data file that is not UTF-8 text (``line``: where, if known)."""
+UNREADABLE = (UnicodeDecodeError, EOFError, gzip.BadGzipFile, zlib.error)
+"""What reading a data file's text raises where the file is not UTF-8 text or not a whole
+gzip file (one an interrupted download cut short): see :func:`not_utf8`."""
+
+
+def not_utf8(file: str | os.PathLike[str], error: Exception, line: int = 0) -> ValueError:
+    """The error for a data file that is not UTF-8 text, or a ``.gz`` file that is cut short
+    or damaged (``error``, one of :data:`UNREADABLE`; ``line``: where, if known)."""
     where = f"{file}:{line}" if line else str(file)
-    return ValueError(f"{where}: not UTF-8 text ({error.reason}); save the file as UTF-8")
+    if isinstance(error, UnicodeDecodeError):
+        return ValueError(f"{where}: not UTF-8 text ({error.reason}); save the file as UTF-8")
+    return ValueError(
+        f"{where}: not a whole gzip file ({error}); it may be cut short (an interrupted "
+        "download): get it again"
+    )

@@ -18,7 +18,7 @@ import zipfile
 from pathlib import Path
 from typing import Literal
 
-from batchfold.data.paths import cache_dir, find_data, not_utf8
+from batchfold.data.paths import UNREADABLE, cache_dir, find_data, not_utf8
 from batchfold.data.sst_tree import Tree, parse_tree, unescape_word
 from batchfold.errors import SSTFormatError
 
@@ -135,5 +135,5 @@ def load_sst(split: Split, path: str | os.PathLike[str] | None = None) -> list[T
     with open(file, encoding="utf-8") as f:
         try:
             return [parse_tree(line, source=source, line_no=i) for i, line in enumerate(f, 1)]
-        except UnicodeDecodeError as error:
+        except UNREADABLE as error:
             raise not_utf8(file, error) from None

@@ -112,7 +112,7 @@ def add_arguments(parser: argparse.ArgumentParser, task_name: str) -> None:
     )
     group.add_argument(
         "--max-train",
-        type=int,
+        type=at_least_one,
         default=None,
         metavar="N",
         help="train on the first N training items only (default: all)",
@@ -160,6 +160,22 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     _add_runtime_arguments(parser)
 
 
+def at_least_one(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (a count of items to use).
+
+    Example:
+        >>> at_least_one("3")
+        3
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1, got {value}")
+    return value
+
+
 def _add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
     """Options that say where and how a run computes, not what it computes."""
     group = parser.add_argument_group("where and how to run (shared by all tasks)")
@@ -174,7 +190,7 @@ def _add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--max-eval",
-        type=int,
+        type=at_least_one,
         default=None,
         metavar="N",
         help="evaluate on the first N items of dev and test only (default: all; batchfold "

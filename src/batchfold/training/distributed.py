@@ -18,6 +18,7 @@ the same arithmetic with nothing to keep in step.
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -114,3 +115,16 @@ def broadcast_object(value: Any, ranks: Ranks) -> Any:
     box = [value]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def gather_state(value: Any, ranks: Ranks) -> list[Any]:
+    """Every rank's ``value`` (plain data and tensors, as a checkpoint holds), in rank order,
+    on rank 0 (``[]`` on the others). It travels as ``torch.save``'s bytes: tensors pickled
+    by ``gather_object`` itself do not load back in this PyTorch."""
+    if ranks.world == 1:
+        return [value]
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    box: list[Any] = [None] * ranks.world if ranks.main else []
+    dist.gather_object(buffer.getvalue(), box if ranks.main else None, dst=0)
+    return [torch.load(io.BytesIO(data), weights_only=True) for data in box]

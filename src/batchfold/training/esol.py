@@ -80,7 +80,8 @@ class ESOLTask(MoleculeTask):
             # as the model fits the training scaffolds, and early stopping is what holds it.
             args.keep = "last" if args.splitter == "random" else "best"
         super().__init__(args, load_esol)
-        targets = torch.stack([m.label for m in self.splits["train"]]).double()
+        trained = self.splits["train"][: getattr(args, "max_train", None)]  # as the loop's
+        targets = torch.stack([m.label for m in trained]).double()
         self.mean = targets.mean().item()
         std = targets.std().item() if len(targets) > 1 else 0.0
         self.std = std if std > 0 else 1.0  # one training molecule, or all alike

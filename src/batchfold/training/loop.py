@@ -76,6 +76,9 @@ __all__ = [
     "train",
 ]
 
+# what a run writes into its folder besides config.json and metrics.jsonl, which it rewrites
+_RUN_FILES = ("last.pt", "best.pt", "test.json", "curves.png", "profile.json", "report.html")
+
 
 def seed_everything(seed: int) -> None:
     """Seed Python's, NumPy's and PyTorch's global generators.
@@ -236,11 +239,18 @@ def train(task: Task, args: argparse.Namespace) -> dict[str, Any]:
             average.module.load_state_dict(state["model"])
             average.n_averaged.fill_(state["averaged_steps"])
         optimizer.load_state_dict(state["optimizer"])
-        set_rng_state(state["rng"])
+        saved = state.get("rng_ranks", [state["rng"]])  # one state per rank of the run
+        if len(saved) == ranks.world:
+            set_rng_state(saved[ranks.rank])
+        else:  # another number of processes: rank 0 goes on, the others draw streams of their own
+            set_rng_state(state["rng"])
+            if ranks.rank:
+                torch.manual_seed(args.seed + 7919 * ranks.rank + 104729 * state["epoch"])
         first_epoch, best = state["epoch"] + 1, state["best"]
         history = read_history(out / "metrics.jsonl", state["epoch"])
-    elif ranks.main:
-        (out / "best.pt").unlink(missing_ok=True)  # from an earlier run in the same folder
+    elif ranks.main:  # a fresh start: what an earlier run in the folder left is not its
+        for name in _RUN_FILES:  # a last.pt left would let --resume go on from that run
+            (out / name).unlink(missing_ok=True)
     if ranks.main:
         (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         write_history(out / "metrics.jsonl", history)
@@ -255,10 +265,12 @@ def train(task: Task, args: argparse.Namespace) -> dict[str, Any]:
         if args.lr_schedule != "constant":
             record["lr_scale"] = scale
         record.update(_train_epoch(task, model, optimizer, items, args, epoch, ranks, average))
-        if not ranks.main:  # rank 0 evaluates and writes; the others wait for the next epoch
+        if ranks.main:  # rank 0 evaluates and writes; the others wait for the next epoch
+            record["dev"] = evaluate(task, evaluated, "dev")
+        generators = distributed.gather_state(rng_state(), ranks)  # each rank draws its own
+        if not ranks.main:
             distributed.barrier(ranks)
             continue
-        record["dev"] = evaluate(task, evaluated, "dev")
         history.append(record)
         with open(out / "metrics.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
@@ -271,7 +283,8 @@ def train(task: Task, args: argparse.Namespace) -> dict[str, Any]:
             "model": evaluated.state_dict(),
             "optimizer": optimizer.state_dict(),
             "epoch": epoch,
-            "rng": rng_state(),
+            "rng": generators[0],
+            "rng_ranks": generators,
             "config": config,
             "best": best,
             "dev": record["dev"],

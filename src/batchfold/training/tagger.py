@@ -187,7 +187,10 @@ class TaggerTask(UDTask[BiLSTMTagger]):
         """
         tagger: BiLSTMTagger = expect_model(model, BiLSTMTagger)
         sentences, predicted = self.predict(tagger, predict_tags, split)
-        return {f"{split}_upos": upos_accuracy(tagger.vocabs.upos, sentences, predicted)}
+        try:
+            return {f"{split}_upos": upos_accuracy(tagger.vocabs.upos, sentences, predicted)}
+        except ValueError as error:
+            raise ValueError(f"tagger {split}: {error}") from None
 
 
 def upos_accuracy(
@@ -201,14 +204,21 @@ def upos_accuracy(
         predicted: one list of tag ids per sentence, as :func:`predict_tags` gives.
 
     Returns:
-        The share of words whose predicted tag is the gold one, over every word; 0 when there
-        are no words.
+        The share of words whose predicted tag is the gold one, over every word.
+
+    Raises:
+        ValueError: there are no words (an empty split scores nothing, not 0).
     """
     right = total = 0
     for sentence, ids in zip(sentences, predicted, strict=True):
         right += sum(p == g for p, g in zip(tags.decode(ids), sentence.upos, strict=True))
         total += len(sentence)
-    return 100.0 * right / total if total else 0.0
+    if not total:
+        raise ValueError(
+            f"UPOS accuracy of {len(sentences)} sentences with no words: nothing to evaluate "
+            "(an empty data file, or --max-eval 0)"
+        )
+    return 100.0 * right / total
 
 
 def make_task(args: argparse.Namespace) -> TaggerTask:

@@ -98,7 +98,11 @@ def mean_roc_auc(scores: Tensor, labels: Tensor, mask: Tensor) -> float:
         mask: ``[n, tasks]`` bool, True where the label was measured.
 
     Returns:
-        The mean AUC, or NaN when no task has both classes.
+        The mean AUC.
+
+    Raises:
+        ValueError: no task has both classes among the measured labels (too few molecules
+            evaluated): the mean is undefined, and a NaN would pass as a metric.
 
     Example:
         >>> scores = torch.tensor([[0.9, 0.1], [0.2, 0.8], [0.5, 0.3]])
@@ -109,7 +113,12 @@ def mean_roc_auc(scores: Tensor, labels: Tensor, mask: Tensor) -> float:
     """
     aucs = [roc_auc(scores[mask[:, t], t], labels[mask[:, t], t]) for t in range(scores.shape[1])]
     valid = [auc for auc in aucs if not math.isnan(auc)]
-    return sum(valid) / len(valid) if valid else math.nan
+    if not valid:
+        raise ValueError(
+            f"ROC-AUC of {scores.shape[0]} molecules: no task has both classes among its "
+            "measured labels, so no task has an AUC; evaluate more molecules (--max-eval)"
+        )
+    return sum(valid) / len(valid)
 
 
 class Tox21Task(MoleculeTask):
