@@ -23,6 +23,7 @@ from batchfold.blocks import (
     Vector,
     compile,
 )
+from batchfold.blocks.compiler import CompiledModel
 from batchfold.errors import BatchfoldError, UnsupportedOpError
 
 pytestmark = pytest.mark.usefixtures("float64")
@@ -87,6 +88,7 @@ def test_batchnorm_in_training_is_refused_and_runs_in_eval() -> None:
     data = [[[1.0, 2.0], [3.0, 5.0]], [[100.0, -7.0]]]
     with pytest.raises(UnsupportedOpError, match="BatchNorm"):
         model(data)
+    assert norm.num_batches_tracked is not None and norm.running_mean is not None
     assert norm.num_batches_tracked.item() == 0
     norm.running_mean.copy_(torch.tensor([1.0, -1.0]))
     norm.eval()
@@ -125,7 +127,7 @@ def test_lossy_tensor_inputs_are_refused_as_numbers_are() -> None:
     assert out.tolist() == [2 + 0j]
 
 
-def _per_instance_model() -> tuple[nn.Linear, nn.Module]:
+def _per_instance_model() -> tuple[nn.Linear, CompiledModel]:
     lin = nn.Linear(2, 3)
     function = Function(lambda x: x @ (lin.weight * 2).t(), per_instance=True, modules=[lin])
     return lin, compile(Map(Vector(2) >> function) >> Sum())
@@ -138,7 +140,8 @@ def test_a_plan_of_per_instance_steps_runs_in_the_state_it_was_scheduled_in() ->
     lin, model = _per_instance_model()
     plan = model.schedule(DATA)
     got, _ = model.run(plan)
-    want = torch.stack([sum(torch.tensor(x) @ (lin.weight * 2).t() for x in xs) for xs in DATA])
+    rows = [[torch.tensor(x) @ (lin.weight * 2).t() for x in xs] for xs in DATA]
+    want = torch.stack([torch.stack(r).sum(0) for r in rows])
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
 
 

@@ -114,7 +114,7 @@ def load_tagger(
         raise _error(path, f"this is a checkpoint of the {task_name or 'unknown'} task")
     options = ["--checkpoint", os.fspath(path), "--device", device, "--scheduler", scheduler]
     args = checkpoint_arguments(
-        "tagger", config, [*options, "--eval-batch-size", str(eval_batch), "--max-eval", "0"]
+        "tagger", config, [*options, "--eval-batch-size", str(eval_batch), "--max-eval", "1"]
     )
     args.glove = None  # the checkpoint holds the word vectors
     try:
