@@ -304,7 +304,7 @@ def test_entries_sort_by_input_source_and_row(big: bool) -> None:
     input_of = np.sort(rng.integers(0, 50, 2000))
     src = rng.integers(0, 4, 2000) << (40 if big else 16)  # big: one key would overflow
     row = rng.integers(0, 1 << 20, 2000) // rng.integers(1, 1 << 20, 2000)  # ties too
-    got = schedule_module._sort_by_input_source_row(input_of, src, row)
+    got = grouping.sort_by_input_source_row(input_of, src, row)
     np.testing.assert_array_equal(got, np.lexsort((row, src, input_of)))
 
 

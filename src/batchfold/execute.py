@@ -54,6 +54,8 @@ class Executor:
         """The tensor of computed value ``v`` (a view into its step's output)."""
         node = v >> OUT_BITS
         step, row = int(self.node_step[node]), int(self.node_row[node])
+        if step < 0:
+            raise _left_out(v)
         tensor = self.outputs[step][v & OUT_MASK]
         offsets = self.packed.get((step, v & OUT_MASK)) if self.packed else None
         if offsets is not None:
@@ -66,6 +68,8 @@ class Executor:
         once, for all the values that sync points read from it (a greedy decoder's tokens)."""
         node = v >> OUT_BITS
         step, row = int(self.node_step[node]), int(self.node_row[node])
+        if step < 0:
+            raise _left_out(v)
         key = (step, v & OUT_MASK)
         numbers = self._numbers.get(key)
         if numbers is None:  # 0-d values: never rows of a packed (ragged) output
@@ -140,6 +144,8 @@ class Executor:
         """
         nodes = ids >> OUT_BITS
         steps, rows = self.node_step[nodes], self.node_row[nodes]
+        if len(steps) and steps.min() < 0:
+            raise _left_out(int(ids[steps.argmin()]))
         source = steps * (OUT_MASK + 1) + (ids & OUT_MASK)
         order = source.argsort(kind="stable")
         ordered = source[order]
@@ -376,3 +382,10 @@ def _square_rows(
     ``L`` rows of ``row_shape`` (``[L, *rest]``) each that their reader takes."""
     sides = np.rint(np.sqrt(size)).astype(np.int64)  # exact: every size is a square
     return piece.reshape(int(sides.sum()), *row_shape), sides
+
+
+def _left_out(v: int) -> RuntimeError:
+    return RuntimeError(
+        f"value {v} was read, but its plan left its node out as one nothing needs; this is a "
+        "bug in batchfold: please report it"
+    )

@@ -195,3 +195,65 @@ def pending_edges(
     producer = (np.concatenate(value_parts) >> OUT_BITS) - base
     keep = producer >= 0
     return np.concatenate(consumer_parts)[keep], producer[keep]
+
+
+def needed_nodes(
+    consumers: np.ndarray, producers: np.ndarray, n: int, roots: np.ndarray
+) -> np.ndarray | None:
+    """Which of ``n`` pending nodes are needed: the ``roots`` (a mask) and, transitively, the
+    nodes whose outputs a needed node reads (``pending_edges``' pairs); ``None`` when all are.
+
+    Nodes that no node reads and that are no root go in rounds, each round the nodes whose
+    last reader went in the round before: as many rounds as the longest such chain.
+    """
+    uses = np.bincount(producers, minlength=n)
+    gone = ((uses == 0) & ~roots).nonzero()[0]
+    if not len(gone):
+        return None
+    by_consumer = consumers.argsort(kind="stable")
+    read = producers[by_consumer]  # each node's inputs, node after node
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.bincount(consumers, minlength=n).cumsum(out=ptr[1:])
+    keep = np.ones(n, dtype=bool)
+    while len(gone):
+        keep[gone] = False
+        counts = ptr[gone + 1] - ptr[gone]
+        total = int(counts.sum())
+        if not total:
+            break
+        at = (ptr[gone] - counts.cumsum() + counts).repeat(counts) + np.arange(total)
+        inputs = read[at]
+        np.subtract.at(uses, inputs, 1)
+        inputs = np.unique(inputs)
+        gone = inputs[(uses[inputs] == 0) & ~roots[inputs] & keep[inputs]]
+    return keep
+
+
+# runs of equal keys in sorted arrays: the scheduler's layout helpers ------------------------
+
+
+def sort_by_input_source_row(input_of: np.ndarray, src: np.ndarray, row: np.ndarray) -> np.ndarray:
+    """The stable order of entries by (input, source, row): one key where it fits in int64."""
+    if len(row) == 0:
+        return np.zeros(0, dtype=np.int64)
+    n_src, n_row = int(src.max()) + 1, int(row.max()) + 1
+    if (int(input_of.max()) + 1) * n_src * n_row >= 1 << 63:
+        return np.lexsort((row, src, input_of))
+    return ((input_of * n_src + src) * n_row + row).argsort(kind="stable")
+
+
+def runs(items: np.ndarray, keys: np.ndarray) -> list[np.ndarray]:
+    """``items`` cut where the sorted ``keys`` change: one piece per run of equal keys."""
+    cuts = [0, *((keys[1:] != keys[:-1]).nonzero()[0] + 1).tolist(), len(items)]
+    return [items[a:b] for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+
+
+def run_lengths(run_start: np.ndarray, total: int) -> np.ndarray:
+    """The length of each run, given where the runs start among ``total`` entries."""
+    return np.concatenate([run_start[1:], [total]])[: len(run_start)] - run_start
+
+
+def broken_runs(rows: np.ndarray, run_of: np.ndarray, n_runs: int) -> np.ndarray:
+    """Whether each run's ``rows`` (runs are consecutive entries) are not ``a, a+1, ...``."""
+    bad = (rows[1:] - rows[:-1] != 1) & (run_of[1:] == run_of[:-1])
+    return np.bincount(run_of[:-1][bad], minlength=n_runs) > 0

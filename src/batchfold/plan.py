@@ -131,8 +131,8 @@ class Plan:
 
     @property
     def num_nodes(self) -> int:
-        """Number of nodes the plan computes."""
-        return len(self.node_step)
+        """Number of nodes the plan computes (not those it leaves out: see ``schedule``)."""
+        return int(np.count_nonzero(self.node_step >= 0))
 
     def __str__(self) -> str:
         mean = self.num_nodes / max(len(self.steps), 1)

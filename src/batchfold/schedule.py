@@ -19,7 +19,16 @@ from typing import Any, Literal
 import numpy as np
 
 from .graph import OUT_BITS, OUT_MASK, Graph
-from .grouping import by_agenda, by_depth, pending_edges
+from .grouping import (
+    broken_runs,
+    by_agenda,
+    by_depth,
+    needed_nodes,
+    pending_edges,
+    run_lengths,
+    runs,
+    sort_by_input_source_row,
+)
 from .plan import UNBOUND, Fanout, Gather, Part, Plan, Step
 
 __all__ = [
@@ -42,6 +51,7 @@ def schedule(
     scheduler: Scheduler = "agenda",
     first_step: int = 0,
     locations: tuple[np.ndarray, np.ndarray] | None = None,
+    needed: np.ndarray | None = None,
 ) -> Plan:
     """Group the graph's pending nodes into batched steps.
 
@@ -51,6 +61,10 @@ def schedule(
         first_step: the global index of this plan's first step (earlier segments' steps
             come before it).
         locations: ``(node_step, node_row)`` of every node run in earlier segments.
+        needed: the value ids read once the plan has run, when no later segment will read
+            others (the last one): nodes none of them needs are left out of the plan, as
+            eager code never computes a value again once nothing refers to it (their
+            ``node_step`` is -1). ``None``: every node runs.
 
     Returns:
         A :class:`Plan` whose steps, run in order, compute every pending node.
@@ -75,12 +89,38 @@ def schedule(
         sig_inputs = graph.pending_of[sig_id].inputs
         inputs[sig_id] = np.asarray(sig_inputs, dtype=np.int64).reshape(len(local), -1)
     # a ragged family's nodes share one buffer (sig_of), so they group as one signature's
+    edges = None
+    keep = None
+    if needed is not None and len(sig_of):
+        edges = pending_edges(members, inputs, graph.node_base)
+        roots = np.zeros(len(sig_of), dtype=bool)
+        local = (needed >> OUT_BITS) - graph.node_base
+        roots[local[local >= 0]] = True
+        keep = needed_nodes(*edges, len(sig_of), roots)
+    live = keep.nonzero()[0] if keep is not None else None
     if scheduler == "depth":
-        order, bounds = by_depth(sig_of, depth)
+        if live is None:
+            order, bounds = by_depth(sig_of, depth)
+        else:
+            order, bounds = by_depth(sig_of[live], depth[live])
+            order = live[order]
     else:
         expensive = graph.signature_arrays()[1]
-        consumers, producers = pending_edges(members, inputs, graph.node_base)
-        order, bounds = by_agenda(sig_of, depth, expensive, consumers, producers)
+        consumers, producers = edges or pending_edges(members, inputs, graph.node_base)
+        if live is None:
+            order, bounds = by_agenda(sig_of, depth, expensive, consumers, producers)
+        else:  # the needed nodes renumbered 0, 1, ...: the edges between them
+            number = np.full(len(sig_of), -1, dtype=np.int64)
+            number[live] = np.arange(len(live))
+            among = (number[consumers] >= 0) & (number[producers] >= 0)
+            order, bounds = by_agenda(
+                sig_of[live],
+                depth[live],
+                expensive,
+                number[consumers[among]],
+                number[producers[among]],
+            )
+            order = live[order]
     own = graph.node_signatures(sig_of, members)
     layout = _Layout(graph, order, bounds, sig_of, own, first_step, locations)
     first = np.zeros(len(sig_of), dtype=np.int64)  # each node's first input value
@@ -144,15 +184,15 @@ class _Layout:
         self.graph, self.base, self.first_step = graph, graph.node_base, first_step
         self.order, self.bounds, self.sig_of, self.own = order, bounds, sig_of, own
         self.old_step, self.old_row = locations if locations is not None else (empty, empty)
-        n = len(order)
+        n = len(order)  # the nodes that run: all pending nodes, or the needed ones
         self.starts = np.asarray(bounds[:-1], dtype=np.int64)
         edges = np.asarray(bounds, dtype=np.int64)
         self.sizes = edges[1:] - edges[:-1]
         self.step_sig = own[order[self.starts]]  # in a family's mixed step, one member's
         widths = graph.signature_arrays()[0]
         self.width = widths[self.step_sig] if n else empty
-        self.node_step = np.empty(n, dtype=np.int64)
-        self.node_row = np.empty(n, dtype=np.int64)
+        self.node_step = np.full(len(sig_of), -1, dtype=np.int64)  # -1: left out, never run
+        self.node_row = np.full(len(sig_of), -1, dtype=np.int64)
         self.node_step[order] = first_step + np.arange(len(self.sizes)).repeat(self.sizes)
         self.node_row[order] = np.arange(n) - self.starts.repeat(self.sizes)
 
@@ -277,7 +317,7 @@ class _Layout:
         step_of = np.arange(len(sizes)).repeat(sizes)  # step of each row of the plan
         sig_of = node_pool
         by_sig = sig_of.argsort(kind="stable")
-        for rows in _runs(by_sig, sig_of[by_sig]):
+        for rows in runs(by_sig, sig_of[by_sig]):
             table = inputs[int(sig_of[rows[0]])] if len(rows) else None
             if table is None or table.shape[1] == 0:
                 continue
@@ -292,16 +332,16 @@ class _Layout:
         src = step << OUT_BITS | values & OUT_MASK
         mixed = np.bincount(input_of[src != src[start][input_of]], minlength=len(length)) > 0
         single = (~mixed).nonzero()[0]
-        broken = _broken(row, input_of, len(length))[single]
+        broken = broken_runs(row, input_of, len(length))[single]
 
         # inputs from several step outputs: sort their rows by (source, row), cut at sources
         entries = mixed[input_of].nonzero()[0]
-        perm = entries[_sort_by_input_source_row(input_of[entries], src[entries], row[entries])]
+        perm = entries[sort_by_input_source_row(input_of[entries], src[entries], row[entries])]
         sorted_input, sorted_src, sorted_row = input_of[perm], src[perm], row[perm]
         new = np.ones(len(perm), dtype=bool)
         new[1:] = (sorted_input[1:] != sorted_input[:-1]) | (sorted_src[1:] != sorted_src[:-1])
         cut = new.nonzero()[0]
-        run_broken = _broken(sorted_row, new.cumsum() - 1, len(cut))
+        run_broken = broken_runs(sorted_row, new.cumsum() - 1, len(cut))
         mixed_length = length * mixed
         rank = np.empty(len(values), dtype=np.int64)
         rank[perm] = np.arange(len(perm)) - (mixed_length.cumsum() - mixed_length)[sorted_input]
@@ -317,7 +357,7 @@ class _Layout:
         by_input = np.concatenate([single, sorted_input[cut]]).argsort(kind="stable")
         part_src = np.concatenate([src[start[single]], sorted_src[cut]])[by_input]
         first_row = np.concatenate([row[start[single]], sorted_row[cut]])[by_input]
-        count = np.concatenate([length[single], _run_lengths(cut, len(perm))])[by_input]
+        count = np.concatenate([length[single], run_lengths(cut, len(perm))])[by_input]
         index = np.concatenate([broken, run_broken])[by_input]
         offset = np.concatenate([start[single], len(values) + cut])[by_input]
         step_list, out_list = (part_src >> OUT_BITS).tolist(), (part_src & OUT_MASK).tolist()
@@ -336,33 +376,6 @@ class _Layout:
 SMALL_GROUP = 64  # groups up to this size get their row order in plain Python
 
 
-def _sort_by_input_source_row(input_of: np.ndarray, src: np.ndarray, row: np.ndarray) -> np.ndarray:
-    """The stable order of entries by (input, source, row): one key where it fits in int64."""
-    if len(row) == 0:
-        return np.zeros(0, dtype=np.int64)
-    n_src, n_row = int(src.max()) + 1, int(row.max()) + 1
-    if (int(input_of.max()) + 1) * n_src * n_row >= 1 << 63:
-        return np.lexsort((row, src, input_of))
-    return ((input_of * n_src + src) * n_row + row).argsort(kind="stable")
-
-
-def _runs(items: np.ndarray, keys: np.ndarray) -> list[np.ndarray]:
-    """``items`` cut where the sorted ``keys`` change: one piece per run of equal keys."""
-    cuts = [0, *((keys[1:] != keys[:-1]).nonzero()[0] + 1).tolist(), len(items)]
-    return [items[a:b] for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
-
-
-def _run_lengths(run_start: np.ndarray, total: int) -> np.ndarray:
-    """The length of each run, given where the runs start among ``total`` entries."""
-    return np.concatenate([run_start[1:], [total]])[: len(run_start)] - run_start
-
-
-def _broken(rows: np.ndarray, run_of: np.ndarray, n_runs: int) -> np.ndarray:
-    """Whether each run's ``rows`` (runs are consecutive entries) are not ``a, a+1, ...``."""
-    bad = (rows[1:] - rows[:-1] != 1) & (run_of[1:] == run_of[:-1])
-    return np.bincount(run_of[:-1][bad], minlength=n_runs) > 0
-
-
 def _fan_out(
     parts: list[Part], source: np.ndarray, first_step: int, sizes: np.ndarray
 ) -> dict[int, list[Fanout]]:
@@ -376,7 +389,7 @@ def _fan_out(
     by_source = mine[source[mine].argsort(kind="stable")]
     keys = source[by_source]
     run_start = np.concatenate(([True], keys[1:] != keys[:-1])).nonzero()[0] if len(keys) else mine
-    run_length = _run_lengths(run_start, len(keys))
+    run_length = run_lengths(run_start, len(keys))
     shared = (run_length > 1).nonzero()[0]
     fanouts: dict[int, list[Fanout]] = {}
     for r in shared[by_source[run_start[shared]].argsort()].tolist():  # by first read

@@ -19,8 +19,10 @@ class Stats:
     ``module_calls_traced`` those recorded op by op to make or check a trace, and
     ``module_misses`` the calls that could not be cached, by module and reason.
     ``ragged_steps`` counts the steps that ran nodes of several leading-dim lengths packed
-    (:mod:`batchfold.ragged`). ``profile``
-    is set when the run was profiled (``batch_map(..., profile=True)``).
+    (:mod:`batchfold.ragged`). ``unused`` counts the nodes recorded for values that nothing
+    returned or read needs, which the last plan leaves out, as eager code computes them and
+    drops them (``nodes`` counts those that ran). ``profile`` is set when the run was
+    profiled (``batch_map(..., profile=True)``).
     """
 
     instances: int = 0
@@ -30,6 +32,7 @@ class Stats:
     syncs: int = 0
     fallbacks: dict[str, int] = field(default_factory=dict)
     ragged_steps: int = 0
+    unused: int = 0
     module_calls_cached: int = 0
     module_calls_traced: int = 0
     module_misses: dict[str, int] = field(default_factory=dict)
@@ -56,6 +59,8 @@ class Stats:
             f"time: record {self.record_s * 1e3:.1f} ms, schedule {self.schedule_s * 1e3:.1f} ms, "
             f"execute {self.execute_s * 1e3:.1f} ms",
         ]
+        if self.unused:
+            lines.append(f"{self.unused} nodes left out: values nothing returned needs")
         if self.module_calls_cached or self.module_calls_traced:
             lines.append(
                 f"module calls: {self.module_calls_cached} as one node each (cached traces), "

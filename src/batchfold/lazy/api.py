@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, Literal, overload
 
+import numpy as np
 import torch
 
 from ..profile import Profile
@@ -20,7 +21,8 @@ from ..schedule import Scheduler, check_scheduler, gc_paused
 from ..stats import Stats
 from . import hooks
 from .context import active_recorder, active_stack
-from .module_state import settle_attributes
+from .lazy_trees import map_lazies
+from .module_state import attribute_values, settle_attributes
 from .recorder import Recorder
 
 Tensor = torch.Tensor
@@ -151,7 +153,7 @@ def batch_map(
                 with rec:
                     results = rec.driver.run(fn, instances)
                     rec.stats.instances = len(results)
-                    rec.flush()
+                    rec.flush(_read_at_the_end(rec, results))
                     rec.move_running_stats()
                     outputs = rec.materialize(results)
                     settle_attributes(rec, rec.materialize)
@@ -164,6 +166,18 @@ def batch_map(
         hooks.uninstall()
     _LAST_STATS[:] = [stats]
     return (outputs, stats) if return_stats else outputs
+
+
+def _read_at_the_end(rec: Recorder, results: list[Any]) -> np.ndarray:
+    """The value ids read once the last segment has run: the results, the running statistics
+    of normalisations in training, and module attributes set to lazy values. The last plan
+    leaves out the nodes none of them needs: eagerly, a value nothing refers to is gone, and
+    it takes no part in the backward pass, where batched its rows would (a non-finite local
+    derivative of an unused value, times its zero gradient, made a shared weight's NaN)."""
+    vids: list[int] = []
+    map_lazies(lambda x: vids.append(x._vid), results, results=True)
+    vids += [x._vid for x in (*rec.running_stats.lazies(), *attribute_values(rec))]
+    return np.asarray(vids, dtype=np.int64)
 
 
 def _final_stats(rec: Recorder, start: float) -> Stats:

@@ -74,6 +74,13 @@ LAZY_SETS: list[tuple[Any, nn.Module, str, Lazy, int]] = []
 """Module attributes set to lazy values: ``(recorder, module, name, value, instance)``."""
 
 
+def attribute_values(rec: Any) -> list[Lazy]:
+    """The lazy values ``rec``'s instances set module attributes to (see
+    :func:`settle_attributes`, which reads those still there once the batch has run)."""
+    with _LOCK:
+        return [entry[3] for entry in LAZY_SETS if entry[0] is rec]
+
+
 def settle_attributes(rec: Any, values: Callable[[list[Lazy]], list[Any]] | None) -> None:
     """Set each module attribute that ``rec``'s instances set to a lazy value, and that holds
     one still, to the value eager code leaves there: the last set of the last instance that

@@ -13,13 +13,11 @@ import time
 import weakref
 from typing import Any
 
+import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ..errors import (
-    LAZY_AFTER_RUN,
-    LazyValueError,
-)
+from ..errors import LAZY_AFTER_RUN, LazyValueError
 from ..execute import Executor
 from ..graph import OUT_BITS, Graph, Signature
 from ..schedule import Scheduler, schedule
@@ -279,8 +277,9 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
 
     # -- running -------------------------------------------------------------------------------
 
-    def flush(self) -> None:
-        """Schedule and run every pending node (at the end, or when a value is read)."""
+    def flush(self, needed: np.ndarray | None = None) -> None:
+        """Schedule and run every pending node (when a value is read), or at the end every
+        one the value ids ``needed`` need (see ``schedule``)."""
         if not self.graph.pending:
             return
         # gathers, splits and sources run with grad on (each op itself runs in the mode it
@@ -290,15 +289,15 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
             self._check_shared_versions()  # with the mode off: a tensor's version is a getter
             self.running_stats.refuse_reads(self.graph)  # see running_stats.py
             start = time.perf_counter()
-            plan = schedule(
-                self.graph, self.scheduler, len(self.store.outputs), self.store.locations
-            )
+            first, locations = len(self.store.outputs), self.store.locations
+            plan = schedule(self.graph, self.scheduler, first, locations, needed)
             middle = time.perf_counter()
             self.store.run(plan)
             end = time.perf_counter()
         self.stats.schedule_s += middle - start
         self.stats.execute_s += end - middle
         self.stats.nodes += plan.num_nodes
+        self.stats.unused += self.graph.pending - plan.num_nodes  # see schedule's ``needed``
         self.stats.steps += len(plan.steps)
         self.stats.ragged_steps += sum(step.lengths is not None for step in plan.steps)
         self.stats.segments += 1
