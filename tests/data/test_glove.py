@@ -59,6 +59,7 @@ def test_iter_glove_plain_text(tmp_path: Path) -> None:
         (["a 1 2", "b -inf 2"], None, ":2: expected a finite number, found '-inf'"),
         (["a 1_000 2"], None, ":1: expected a finite number, found '1_000'"),
         ([" a 1 2"], None, ":1: expected a word and its values, found a space"),
+        ([], None, ": no word vectors in it (an empty file)"),  # loaded with 0% coverage before
     ],
 )
 def test_iter_glove_errors(tmp_path: Path, lines: list[str], dim: int | None, message: str) -> None:

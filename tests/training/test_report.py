@@ -90,6 +90,18 @@ def test_report_command_errors_in_one_line(
     assert ("no such run folder" if missing == "folder" else "no config.json") in err
 
 
+@pytest.mark.parametrize("name", ["config.json", "metrics.jsonl"])
+def test_a_file_that_is_not_json_is_named(
+    run: Path, tmp_path: Path, name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "cut"
+    shutil.copytree(run, folder)
+    (folder / name).write_text((folder / name).read_text()[:-9])  # cut short in the last line
+    assert cli.main(["report", str(folder)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{folder / name}:" in err and "not JSON" in err
+
+
 def test_report_survives_a_task_without_batched_calls(tmp_path: Path) -> None:
     from test_train_loop import LinearTask, linear_args
 

@@ -51,6 +51,8 @@ def _lines(file: Path, dim: int | None) -> Iterator[tuple[int, str, list[str]]]:
             try:
                 line_no, line = next(lines)
             except StopIteration:
+                if not line_no:  # 0% coverage would be the only sign
+                    raise ValueError(f"{file}: no word vectors in it (an empty file)") from None
                 return
             except UNREADABLE as error:  # decoded a block at a time: no line
                 raise not_utf8(file, error) from None

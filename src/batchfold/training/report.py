@@ -65,13 +65,21 @@ pre{background:#f4f4f4;padding:10px;overflow-x:auto;font-size:12px}
 
 
 def _read_json(file: Path) -> Any:
-    return json.loads(file.read_text()) if file.is_file() else None
+    return _parse(file, file.read_text()) if file.is_file() else None
 
 
 def _read_history(file: Path) -> list[dict[str, Any]]:
-    if not file.is_file():
-        return []
-    return [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
+    lines = file.read_text().splitlines() if file.is_file() else []
+    return [_parse(file, line, i) for i, line in enumerate(lines, 1) if line.strip()]
+
+
+def _parse(file: Path, text: str, line: int = 0) -> Any:
+    """JSON text read from ``file`` (``line``: where in it), its errors naming the file."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        where = f"{file}:{line}" if line else f"{file}:{error.lineno}"
+        raise ConfigError(f"{where}: not JSON ({error.msg}); was the run cut short?") from None
 
 
 def _number(value: Any, digits: int = 2) -> str:
