@@ -228,6 +228,14 @@ def batched_cross_entropy(sig: Signature, inputs: list[Tensor], n: int) -> Any:
     logits, target = full["input"], full["target"]
     ignore = full.get("ignore_index", -100)
     smoothing = full.get("label_smoothing", 0.0)
+    if logits.dim() == 3 and logits.dtype in (torch.float16, torch.bfloat16):
+        reduction = full.get("reduction", "mean")  # eager adds half-precision rows its own way
+        return torch.stack(
+            [
+                F.cross_entropy(x, t, reduction=reduction, ignore_index=ignore)
+                for x, t in zip(logits, target, strict=True)
+            ]
+        )
     if logits.dim() == 3:  # [n, N, C]: the class dim second, as cross_entropy wants it
         rows = F.cross_entropy(
             logits.transpose(1, 2), target, reduction="none", ignore_index=ignore
