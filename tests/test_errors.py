@@ -49,6 +49,21 @@ def test_lazy_value_from_another_batch_map() -> None:
         bf.batch_map(inner, [2.0])
 
 
+def test_a_lazy_value_of_another_batch_map_returned_is_an_error() -> None:
+    """Returned, it was read as the node of its id in this run's graph: another value."""
+    outer: list[torch.Tensor] = []
+    bf.batch_map(lambda x: outer.append(torch.tensor(x).exp()) or torch.tensor(x), [1.0, 2.0])
+
+    def inner(x: float) -> torch.Tensor:
+        h = torch.tensor(x)
+        for _ in range(3):
+            h = torch.tanh(h)
+        return outer[1]
+
+    with pytest.raises(bf.LazyValueError, match="return of a lazy value"):
+        bf.batch_map(inner, [3.0, 4.0])
+
+
 def test_mixing_devices_is_an_error() -> None:
     weight = torch.zeros(3, device="meta")
     with pytest.raises(bf.DeviceError, match=r"mul at .* mixes devices \['cpu', 'meta'\]"):

@@ -95,3 +95,63 @@ def test_unused_values_before_a_sync_point_still_run() -> None:
     for g, x in zip(got, items, strict=True):
         torch.testing.assert_close(g, fn(x), rtol=0, atol=1e-12)
     assert stats.syncs == 1 and stats.unused == 0
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_an_unused_value_still_raises_the_error_eager_code_raises(scheduler: str) -> None:
+    table = nn.Embedding(4, 2)
+
+    def fn(i: int) -> torch.Tensor:
+        t = torch.tensor(i)
+        table(t)  # unused: an index out of range for i >= 4, which eager code raises
+        return table(t % 4).sum()
+
+    with pytest.raises(IndexError):
+        fn(9)
+    with pytest.raises(IndexError):
+        bf.batch_map(fn, [1, 9], scheduler=scheduler)  # type: ignore[arg-type]
+    got = bf.batch_map(fn, [1, 3], scheduler=scheduler)  # type: ignore[arg-type]
+    assert [g.item() for g in got] == [fn(1).item(), fn(3).item()]
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_an_unused_random_value_still_draws_as_eagerly(scheduler: str) -> None:
+    """Left out, an unused dropout drew nothing: the generator's state after the run, and
+    every later draw, differed from eager's."""
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        h = torch.as_tensor(x) * 1
+        kept = torch.nn.functional.dropout(h, 0.5)
+        return kept if float(x[0, 0]) != 2.0 else h  # instance 1 leaves its draw unused
+
+    items = [torch.ones(3, 4), torch.full((3, 4), 2.0), torch.ones(3, 4)]
+    torch.manual_seed(123)
+    eager = [fn(x) for x in items]
+    after = torch.get_rng_state()
+    torch.manual_seed(123)
+    got = bf.batch_map(fn, items, scheduler=scheduler)  # type: ignore[arg-type]
+    assert torch.equal(torch.get_rng_state(), after)
+    for g, e in zip(got, eager, strict=True):
+        assert torch.equal(g, e)
+
+
+def test_an_attribute_set_over_by_a_later_instance_is_unused() -> None:
+    """Only the last instance's value stays on the module, as eagerly; the others' are
+    unused (they were kept, and made a weight's gradient NaN)."""
+    holder = nn.Module()
+    gen = torch.Generator().manual_seed(0)
+    w, v = (torch.randn(3, 3, generator=gen, requires_grad=True) for _ in range(2))
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        h = torch.as_tensor(x)
+        holder.keep = torch.tanh(h.logsumexp(0) @ w)  # -inf for 0 rows: set over below
+        return torch.tanh(h.sum(0) @ v)
+
+    items = [torch.randn(n, 3, generator=gen) for n in (2, 0, 3)]
+    got, stats = bf.batch_map(fn, items, return_stats=True)
+    kept = holder.keep
+    assert isinstance(kept, torch.Tensor)  # the last instance's value, computed
+    torch.testing.assert_close(kept, torch.tanh(items[-1].logsumexp(0) @ w), rtol=0, atol=1e-12)
+    grad = torch.autograd.grad(torch.stack(got).sum(), [w], allow_unused=True)[0]
+    assert grad is None or bool(torch.isfinite(grad).all())
+    assert stats.unused == 2 * 3

@@ -165,6 +165,18 @@ class Executor:
         self.node_step = np.concatenate([self.node_step, plan.node_step])
         self.node_row = np.concatenate([self.node_row, plan.node_row])
 
+    def rehearse(self, plan: Plan) -> None:
+        """Run ``plan`` (every pending node) on a copy of this store without gradients: values
+        nothing needs, which the plan that counts leaves out (see ``schedule``), raise here
+        the errors eager code raises in them (an index out of range), outside the backward."""
+        scratch = Executor()
+        scratch.outputs, scratch.square = list(self.outputs), set(self.square)
+        scratch.node_step, scratch.node_row = self.node_step, self.node_row
+        scratch.packed, scratch.chunks = dict(self.packed), dict(self.chunks)
+        scratch.chunk_offsets = dict(self.chunk_offsets)
+        with torch.no_grad():
+            scratch.run(plan)
+
     def _run_steps(self, plan: Plan) -> None:
         for step in plan.steps:
             if step.sig.id == UNBOUND:
@@ -385,7 +397,4 @@ def _square_rows(
 
 
 def _left_out(v: int) -> RuntimeError:
-    return RuntimeError(
-        f"value {v} was read, but its plan left its node out as one nothing needs; this is a "
-        "bug in batchfold: please report it"
-    )
+    return RuntimeError(f"value {v} was read, but its plan left it out (a bug: please report it)")

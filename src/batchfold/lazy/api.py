@@ -16,14 +16,21 @@ from typing import Any, Literal, overload
 import numpy as np
 import torch
 
+from ..errors import LAZY_AFTER_RUN, LazyValueError
+from ..graph import OUT_BITS, Signature
 from ..profile import Profile
 from ..schedule import Scheduler, check_scheduler, gc_paused
 from ..stats import Stats
 from . import hooks
 from .context import active_recorder, active_stack
+from .function import BatchedFunction
+from .kept import draws_random
 from .lazy_trees import map_lazies
 from .module_state import attribute_values, settle_attributes
 from .recorder import Recorder
+from .semantics import is_random
+from .tensor import Lazy
+from .traces import Template
 
 Tensor = torch.Tensor
 _LAST_STATS: list[Stats] = []
@@ -153,7 +160,7 @@ def batch_map(
                 with rec:
                     results = rec.driver.run(fn, instances)
                     rec.stats.instances = len(results)
-                    rec.flush(_read_at_the_end(rec, results))
+                    rec.flush(*_read_at_the_end(rec, results))
                     rec.move_running_stats()
                     outputs = rec.materialize(results)
                     settle_attributes(rec, rec.materialize)
@@ -168,16 +175,44 @@ def batch_map(
     return (outputs, stats) if return_stats else outputs
 
 
-def _read_at_the_end(rec: Recorder, results: list[Any]) -> np.ndarray:
+def _read_at_the_end(rec: Recorder, results: list[Any]) -> tuple[np.ndarray, bool]:
     """The value ids read once the last segment has run: the results, the running statistics
-    of normalisations in training, and module attributes set to lazy values. The last plan
-    leaves out the nodes none of them needs: eagerly, a value nothing refers to is gone, and
-    it takes no part in the backward pass, where batched its rows would (a non-finite local
-    derivative of an unused value, times its zero gradient, made a shared weight's NaN)."""
+    of normalisations in training, and module attributes set to lazy values, and every node
+    that may draw random numbers (drawn or not, a draw moves the generator: later draws would
+    differ from eager's); and whether the unused values may be run once more (none draws).
+
+    The last plan leaves out the nodes none of them needs: eagerly, a value nothing refers to
+    is gone, and it takes no part in the backward pass, where batched its rows would (a
+    non-finite local derivative of an unused value, times its zero gradient, made a shared
+    weight's NaN). They run once more on their own, for eager's errors (``Executor.rehearse``),
+    unless a node may draw (the draws would move the generator twice)."""
     vids: list[int] = []
-    map_lazies(lambda x: vids.append(x._vid), results, results=True)
+
+    def own(x: Lazy) -> None:  # one an earlier run recorded names a node of its own graph
+        if x._rec is not rec:
+            raise LazyValueError(LAZY_AFTER_RUN.format(what="return"))
+        vids.append(x._vid)
+
+    map_lazies(own, results, results=True)
     vids += [x._vid for x in (*rec.running_stats.lazies(), *attribute_values(rec))]
-    return np.asarray(vids, dtype=np.int64)
+    graph, draws = rec.graph, False
+    for sig_id in graph.touched:
+        if _may_draw(graph.signatures[sig_id]):
+            vids += [node << OUT_BITS for node in graph.pending_of[sig_id].nodes]
+            draws = True
+    return np.asarray(vids, dtype=np.int64), not draws
+
+
+def _may_draw(sig: Signature) -> bool:
+    """Whether a node of ``sig`` may draw random numbers: a random op, a module call whose
+    traced ops draw, or a ``bf.function`` (whose code may)."""
+    if is_random(sig.func) or type(sig.func) is BatchedFunction:
+        return True
+    for replay in (sig.rule.batched if sig.rule else None, sig.family and sig.family.replay):
+        template = getattr(replay, "__self__", None)  # a module call's: Template.replay
+        if isinstance(template, Template) and draws_random(template.ops):
+            return True
+    return False
 
 
 def _final_stats(rec: Recorder, start: float) -> Stats:

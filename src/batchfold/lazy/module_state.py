@@ -75,10 +75,10 @@ LAZY_SETS: list[tuple[Any, nn.Module, str, Lazy, int]] = []
 
 
 def attribute_values(rec: Any) -> list[Lazy]:
-    """The lazy values ``rec``'s instances set module attributes to (see
-    :func:`settle_attributes`, which reads those still there once the batch has run)."""
+    """The lazy values :func:`settle_attributes` will read once ``rec``'s batch has run."""
     with _LOCK:
-        return [entry[3] for entry in LAZY_SETS if entry[0] is rec]
+        mine = [entry for entry in LAZY_SETS if entry[0] is rec]
+    return [value for _, _, value in _final(mine)]
 
 
 def settle_attributes(rec: Any, values: Callable[[list[Lazy]], list[Any]] | None) -> None:
@@ -91,14 +91,24 @@ def settle_attributes(rec: Any, values: Callable[[list[Lazy]], list[Any]] | None
         LAZY_SETS[:] = [entry for entry in LAZY_SETS if entry[0] is not rec]
     if values is None:
         return
+    for module, name, value in _final(mine):
+        ORIGINAL_SETATTR(module, name, values([value])[0])
+
+
+def _final(mine: list[tuple[Any, nn.Module, str, Lazy, int]]) -> list[tuple[nn.Module, str, Lazy]]:
+    """Of a run's sets of module attributes to lazy values, those eager code leaves: per
+    attribute, the last set of the last instance, where the attribute holds a lazy value
+    still."""
     final: dict[tuple[int, str], tuple[nn.Module, str, Lazy, int]] = {}
     for _, module, name, value, instance in mine:
         key = (id(module), name)
         if key not in final or instance >= final[key][3]:
             final[key] = (module, name, value, instance)
-    for module, name, value, _ in final.values():
-        if type(vars(module).get(name)) is Lazy:
-            ORIGINAL_SETATTR(module, name, values([value])[0])
+    return [
+        (module, name, value)
+        for module, name, value, _ in final.values()
+        if type(vars(module).get(name)) is Lazy
+    ]
 
 
 def _note(module: nn.Module) -> None:

@@ -277,9 +277,8 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
 
     # -- running -------------------------------------------------------------------------------
 
-    def flush(self, needed: np.ndarray | None = None) -> None:
-        """Schedule and run every pending node (when a value is read), or at the end every
-        one the value ids ``needed`` need (see ``schedule``)."""
+    def flush(self, needed: np.ndarray | None = None, rehearse: bool = True) -> None:
+        """Schedule and run the pending nodes (at the end, those ``needed`` needs: see api)."""
         if not self.graph.pending:
             return
         # gathers, splits and sources run with grad on (each op itself runs in the mode it
@@ -292,6 +291,8 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
             first, locations = len(self.store.outputs), self.store.locations
             plan = schedule(self.graph, self.scheduler, first, locations, needed)
             middle = time.perf_counter()
+            if rehearse and plan.num_nodes < self.graph.pending:  # see Executor.rehearse
+                self.store.rehearse(schedule(self.graph, self.scheduler, first, locations))
             self.store.run(plan)
             end = time.perf_counter()
         self.stats.schedule_s += middle - start
