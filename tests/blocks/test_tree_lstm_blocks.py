@@ -83,3 +83,30 @@ def test_a_1000_deep_tree():
     torch.testing.assert_close(
         metrics["loss"].sum(), per_tree_loss(model, tree), rtol=1e-10, atol=1e-10
     )
+
+
+def test_eval_reaches_the_dropout_and_a_copy_runs_on_its_own_weights():
+    """The blocks called closures over the model: its dropout was no submodule of the
+    compiled model (``eval()`` left it on), and a deepcopy ran on the original's weights."""
+    import copy
+
+    torch.manual_seed(0)
+    model = TreeLSTMClassifier(50, emb_dim=6, hidden=5, n_classes=5, dropout=0.5)
+    trees = random_trees(6, 1, 8, rng=2, vocab_size=50)
+    blocks = compile(tree_lstm_blocks(model))
+    blocks.eval()
+    assert not model.dropout.training
+    (_, first), (_, second) = blocks(trees), blocks(trees)
+    assert torch.equal(first["loss"], second["loss"])
+    eager = torch.stack([loss for t in trees for loss in tree_node_losses(model, t)])
+    torch.testing.assert_close(first["loss"].sum(), eager.sum(), rtol=0, atol=1e-10)
+    twin = copy.deepcopy(blocks)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.5)
+    (_, moved), (_, kept) = blocks(trees), twin(trees)
+    assert not torch.equal(moved["loss"], first["loss"])
+    assert torch.equal(kept["loss"], first["loss"])
+    kept["loss"].sum().backward()
+    assert all(p.grad is not None for p in twin.parameters())
+    assert all(p.grad is None for p in model.parameters())

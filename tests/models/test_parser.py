@@ -117,6 +117,18 @@ def test_exploring_loss_batched_equals_eager_values_and_gradients() -> None:
     assert stats.syncs == 2 * max(len(s) for s in sentences)
 
 
+def test_a_sentence_of_no_words_has_a_loss_of_0() -> None:
+    """``torch.stack`` of no transition losses raised a RuntimeError before."""
+    sentences = random_sentences(2, random.Random(5))
+    model = tiny_parser(sentences)
+    empty = Sentence((), (), (), ())
+    assert sentence_loss(model, empty).item() == 0.0
+    assert exploring_loss(model, empty, 0.5, random.Random(0))[1] == 0
+    got = bf.batch_map(lambda s: sentence_loss(model, s), [sentences[0], empty])
+    torch.testing.assert_close(got[0], sentence_loss(model, sentences[0]), rtol=0, atol=1e-6)
+    assert got[1].item() == 0.0
+
+
 def test_oracle_transitions_are_among_the_cheapest() -> None:
     rng = random.Random(11)
     for s in random_sentences(20, rng, max_len=10):

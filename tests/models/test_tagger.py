@@ -169,6 +169,15 @@ def _splits(train: list[Sentence]) -> UDSplits:
     return UDSplits(train, train, train)
 
 
+def test_a_sentence_of_no_words_gets_no_tags_in_a_batch_too() -> None:
+    sentences = random_sentences(3, random.Random(4))
+    model = tiny_tagger(sentences)
+    empty = Sentence((), (), (), ())
+    assert predict_tags(model, empty) == []  # a RuntimeError from torch.stack before
+    got = bf.batch_map(lambda s: predict_tags(model, s), [sentences[0], empty, sentences[1]])
+    assert got == [predict_tags(model, sentences[0]), [], predict_tags(model, sentences[1])]
+
+
 def test_an_empty_dev_split_is_an_error_not_an_accuracy_of_0() -> None:
     """An empty dev file scored 0.00 and model selection went on as if it were a result."""
     train = random_sentences(2, random.Random(1))

@@ -207,7 +207,8 @@ def sentence_loss(model: ArcHybridParser, sentence: Sentence) -> Tensor:
         sentence: a sentence with a projective tree and relations known to the model.
 
     Returns:
-        A scalar; the sentence has ``2 * len(sentence)`` transitions.
+        A scalar; the sentence has ``2 * len(sentence)`` transitions (0 for a sentence of no
+        words, whose loss is 0).
 
     Raises:
         ValueError: the tree is not projective.
@@ -221,7 +222,7 @@ def sentence_loss(model: ArcHybridParser, sentence: Sentence) -> Tensor:
         label_id = None if label is None else model.vocabs.deprels.index(label)
         losses.append(_loss_of(model.score(config, vectors, pad), action, label_id, device))
         config.apply(action, label)
-    return torch.stack(losses).sum()
+    return torch.stack(losses).sum() if losses else torch.zeros((), device=device)
 
 
 def parse(model: ArcHybridParser, sentence: Sentence) -> tuple[list[int], list[str]]:
@@ -263,7 +264,7 @@ def exploring_loss(
         rng: the random source (the ``random`` module when ``None``).
 
     Returns:
-        ``(summed loss, number of transitions)``.
+        ``(summed loss, number of transitions)``; ``(0, 0)`` for a sentence of no words.
     """
     draw = rng.random if rng is not None else random.random
     device = model.device
@@ -285,7 +286,7 @@ def exploring_loss(
         losses.append(_loss_of(scores_lazy, target, label, device))
         predicted, _ = best_transition(scores, config, model.n_labels)
         config.apply(predicted if predicted not in correct and draw() < explore else target)
-    return torch.stack(losses).sum(), len(losses)
+    return torch.stack(losses).sum() if losses else torch.zeros((), device=device), len(losses)
 
 
 def cheapest_actions(config: ArcHybrid, gold_heads: Sequence[int]) -> list[Action]:

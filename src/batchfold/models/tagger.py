@@ -187,7 +187,10 @@ def predict_tags(model: BiLSTMTagger, sentence: Sentence) -> list[int]:
         sentence: the sentence (its gold tags are not used).
 
     Returns:
-        One tag id per word; ``model.vocabs.upos.decode`` gives the tags.
+        One tag id per word (none for a sentence of no words); ``model.vocabs.upos.decode``
+        gives the tags.
     """
+    if not len(sentence):
+        return []
     rows: list[list[float]] = torch.stack(word_logits(model, sentence)).tolist()
     return [max(range(len(row)), key=row.__getitem__) for row in rows]

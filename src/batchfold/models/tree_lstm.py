@@ -119,6 +119,22 @@ class TreeLSTMClassifier(TreeClassifier[BinaryTreeLSTMCell]):
 
     cell_class = BinaryTreeLSTMCell
 
+    def leaf_state(self, words: Tensor) -> tuple[Tensor, Tensor]:
+        """Leaves' ``(h, c)`` from their word ids: the word vectors (with dropout), then the
+        cell's leaf form (one step of :func:`~batchfold.models.tree_lstm_blocks`)."""
+        return self.cell.leaf(self.embed(words))
+
+    def node_state(
+        self, left: tuple[Tensor, Tensor], right: tuple[Tensor, Tensor]
+    ) -> tuple[Tensor, Tensor]:
+        """Internal nodes' ``(h, c)`` from their children's."""
+        return self.cell(left[0], left[1], right[0], right[1])
+
+    def logits_and_loss(self, h: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+        """Nodes' class logits and each node's cross-entropy against its label."""
+        logits = self(h)
+        return logits, F.cross_entropy(logits, labels, reduction="none")
+
 
 class TreeRNNClassifier(TreeClassifier[TreeRNNCell]):
     """A :class:`TreeClassifier` with the Socher-style Tree-RNN cell :class:`TreeRNNCell`.

@@ -14,9 +14,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import torch.nn.functional as F
-from torch import Tensor
-
 from batchfold.blocks import (
     Block,
     Composition,
@@ -34,7 +31,7 @@ from batchfold.blocks import (
 )
 from batchfold.data.sst import Tree
 from batchfold.data.trees import BinaryTree
-from batchfold.models.tree_lstm import BinaryTreeLSTMCell, TreeLSTMClassifier
+from batchfold.models.tree_lstm import TreeLSTMClassifier
 
 __all__ = ["node_view", "tree_lstm_blocks"]
 
@@ -55,15 +52,6 @@ def node_view(node: Tree | BinaryTree) -> NodeView:
             return (0, node.word, node.label, ())
         return (2, None, node.label, (node.left, node.right))
     raise TypeError(f"expected an SST Tree or a BinaryTree node, got {type(node).__name__}")
-
-
-def _internal(cell: BinaryTreeLSTMCell) -> Function:
-    """The cell on the children's states ``((h_l, c_l), (h_r, c_r))``."""
-
-    def node(left: tuple[Tensor, Tensor], right: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
-        return cell(left[0], left[1], right[0], right[1])
-
-    return Function(node, name="tree_lstm_node", modules=(cell,))
 
 
 def tree_lstm_blocks(
@@ -94,7 +82,7 @@ def tree_lstm_blocks(
         >>> tuple(logits.shape), metrics["loss"].shape == metrics["logits"].shape[:1]
         ((3, 5), True)
     """
-    cell, hidden = model.cell, model.cell.hidden
+    hidden = model.cell.hidden
     dtype = model.output.weight.dtype
     vector = TensorType((hidden,), dtype)
     logits_type = TensorType((model.output.out_features,), dtype)
@@ -109,23 +97,18 @@ def tree_lstm_blocks(
             raise ValueError(f"the leaf word {word!r} needs word_id to map it to an id")
         return word_id(word)
 
-    def embed_leaf(words: Tensor) -> tuple[Tensor, Tensor]:
-        return cell.leaf(model.embed(words))
-
-    def head(h: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
-        logits = model(h)
-        return logits, F.cross_entropy(logits, labels, reduction="none")  # one loss per node
-
-    # one graph node per leaf and one per output: fewer nodes to record and schedule
+    # one graph node per leaf and one per output: fewer nodes to record and schedule; the
+    # model's bound methods, so that train/eval, a copy and its weights are the model's
     leaf = (
         GetItem(1)
         >> InputTransform(lookup, name="word_id")
         >> Scalar("int64")
-        >> Function(embed_leaf, name="tree_lstm_leaf", modules=(model.embedding, cell))
+        >> Function(model.leaf_state, name="tree_lstm_leaf")
     )
-    internal = GetItem(3) >> Record((tree() >> GetItem(0), tree() >> GetItem(0))) >> _internal(cell)
+    children = Record((tree() >> GetItem(0), tree() >> GetItem(0)))
+    internal = GetItem(3) >> children >> Function(model.node_state, name="tree_lstm_node")
     state = OneOf(lambda view: view[0], {0: leaf, 2: internal})
-    output = Function(head, name="output_and_loss", modules=(model.output,))
+    output = Function(model.logits_and_loss, name="output_and_loss")
     label = GetItem(2) >> Scalar("int64")
 
     def wiring(x: Any) -> Any:
