@@ -291,6 +291,45 @@ def test_the_callers_context_variables_are_seen_inside() -> None:
     assert [g.item() for g in got] == [10.0, 20.0]
 
 
+@pytest.mark.parametrize("scheduler", ["agenda", "depth"])
+def test_a_context_variable_set_around_a_read_is_each_instances_own(scheduler: str) -> None:
+    """Instances shared the caller's context: one waiting inside ``with`` saw the value the
+    next instance set, and the caller's variable kept the last set after the run."""
+
+    def fn(v: float) -> Any:
+        x = torch.tensor(v)
+        at_start = _SCALE.get()
+        token = _SCALE.set(v * 10)
+        try:
+            y = x * _SCALE.get()
+            if y > 0:  # a sync point inside the block
+                y = y + 1
+            inside = _SCALE.get()
+        finally:
+            _SCALE.reset(token)
+        return y, at_start, inside
+
+    items = [1.0, 2.0, 3.0]
+    want = [(float(y), a, b) for y, a, b in (fn(v) for v in items)]
+    got = bf.batch_map(fn, items, scheduler=scheduler)  # type: ignore[arg-type]
+    assert [(float(y), a, b) for y, a, b in got] == want
+    assert _SCALE.get() == 1.0
+
+
+def test_a_list_of_instances_that_grows_after_its_last_started_is_refused() -> None:
+    """Work appended by an instance resumed after a sync point was dropped silently."""
+    work = [1, 2]
+
+    def fn(n: int) -> torch.Tensor:
+        x = torch.tensor(float(n))
+        if x.item() < 4:  # a sync point: the appends below come after both instances started
+            work.append(n + 2)
+        return x * 2
+
+    with pytest.raises(ValueError, match="grew to 4 while batch_map ran its 2"):
+        bf.batch_map(fn, work)
+
+
 def test_the_error_that_comes_up_is_the_first_instances_in_eager_order() -> None:
     # instance 1 raised before its read while instance 0 waited at its own: instance 1's
     # error came up, where eagerly instance 0 runs (and raises) first; instances after the

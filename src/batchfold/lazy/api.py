@@ -159,6 +159,13 @@ def batch_map(
             try:
                 with rec:
                     results = rec.driver.run(fn, instances)
+                    if isinstance(instances, list) and len(instances) > len(results):
+                        raise ValueError(
+                            f"the list of instances grew to {len(instances)} while batch_map "
+                            f"ran its {len(results)}: an instance resumed from a sync point "
+                            "added to it after the last one had started. Give batch_map a "
+                            "list that does not change while it runs."
+                        )
                     rec.stats.instances = len(results)
                     rec.flush(*_read_at_the_end(rec, results))
                     rec.move_running_stats()

@@ -11,6 +11,7 @@ runs one batched plan per decoding step, not one per instance per step.
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -157,8 +158,8 @@ class Driver:
             self.current = index
             self.set_instance(index)
             grad = torch.is_grad_enabled()
-            try:
-                out = fn(instance)
+            try:  # in a copy of the caller's context: a ContextVar it sets stays its own
+                out = contextvars.copy_context().run(fn, instance)
             except Exception as error:
                 _note_instance(error, index)
                 raise
