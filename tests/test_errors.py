@@ -64,6 +64,18 @@ def test_a_lazy_value_of_another_batch_map_returned_is_an_error() -> None:
         bf.batch_map(inner, [3.0, 4.0])
 
 
+def test_a_result_in_a_subclass_of_list_is_refused() -> None:
+    """It came back holding a lazy value that no later use could read, with no error."""
+
+    class Bag(list):  # type: ignore[type-arg]
+        pass
+
+    with pytest.raises(bf.UnsupportedOpError, match="returned a Bag .a subclass of list."):
+        bf.batch_map(lambda x: Bag([torch.tensor(x).exp()]), [1.0, 2.0])
+    got = bf.batch_map(lambda x: [torch.tensor(x).exp()], [1.0, 2.0])  # a plain list is fine
+    assert isinstance(got[0][0], torch.Tensor)
+
+
 def test_mixing_devices_is_an_error() -> None:
     weight = torch.zeros(3, device="meta")
     with pytest.raises(bf.DeviceError, match=r"mul at .* mixes devices \['cpu', 'meta'\]"):

@@ -92,6 +92,12 @@ def map_lazies(fn: Any, obj: Any, results: bool = False, tensors: Any = None) ->
 
 
 def _refuse_hidden(leaf: Any) -> None:
+    if isinstance(leaf, (list, tuple, dict)) and _holds_lazy(leaf):  # a subclass: a leaf
+        raise UnsupportedOpError(
+            f"the function given to batch_map returned a {type(leaf).__name__} (a subclass "
+            f"of {type(leaf).__mro__[-2].__name__}) holding lazy values, which batch_map "
+            "cannot rebuild with their tensors: return a plain list, tuple or dict."
+        )
     if inspect.isgenerator(leaf) or inspect.iscoroutine(leaf):
         raise UnsupportedOpError(
             f"the function given to batch_map returned a {type(leaf).__name__}: the lazy "
@@ -112,6 +118,13 @@ def _refuse_hidden(leaf: Any) -> None:
                 "their tensors in lists, tuples, dicts, named tuples and dataclasses only. "
                 "Return the tensors in one of those (or make the class a dataclass)."
             )
+
+
+def _holds_lazy(obj: Any) -> bool:
+    items = obj.values() if isinstance(obj, dict) else obj
+    return any(
+        type(x) is Lazy or (isinstance(x, (list, tuple, dict)) and _holds_lazy(x)) for x in items
+    )
 
 
 def _contents(cell: Any) -> Any:
