@@ -55,14 +55,18 @@ def linting_graphs() -> Iterator[list[int]]:
     """Lint every graph segment just before it is scheduled; yields the sizes of those linted.
 
     ``schedule`` reads a graph's pending segment through :meth:`Graph.pending_arrays`, so that
-    method is wrapped while the context is active (the recorder keeps its graph to itself).
+    method is wrapped while the context is active (the recorder keeps its graph to itself). A
+    segment scheduled twice (its unused values rehearsed: ``Executor.rehearse``) counts once.
     """
     pending_arrays = bf.Graph.pending_arrays
     linted: list[int] = []
+    seen: set[tuple[int, int]] = set()
 
     def lint_first(self: bf.Graph) -> tuple[np.ndarray, np.ndarray, dict[int, np.ndarray]]:
         self.lint()
-        linted.append(self.pending)
+        if (id(self), self.node_base) not in seen:
+            seen.add((id(self), self.node_base))
+            linted.append(self.pending)
         return pending_arrays(self)
 
     bf.Graph.pending_arrays = lint_first

@@ -316,10 +316,10 @@ def test_graphs_of_several_lengths_pass_the_graph_lint(monkeypatch: pytest.Monke
     flush = Recorder.flush
     linted = []
 
-    def lint_then_flush(self: Recorder, needed: Any = None) -> None:
+    def lint_then_flush(self: Recorder, *args: Any) -> None:
         self.graph.lint()  # every node's own signature, in its family's shared buffer
         linted.append(any(p.members for p in self.graph.pending_of))
-        flush(self, needed)
+        flush(self, *args)
 
     monkeypatch.setattr(Recorder, "flush", lint_then_flush)
     for fn, nonempty in CASES.values():
