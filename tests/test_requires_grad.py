@@ -318,3 +318,45 @@ def test_an_output_requires_grad_where_its_own_input_does(name: str, scheduler: 
         return (*(o * (10 if o.requires_grad else 1) for o in outs), h)
 
     assert_matches_eager(fn, _inputs(4), lin, scheduler)
+
+
+def test_a_hook_on_a_value_of_shared_tensors_only_is_refused() -> None:
+    """Such a value is computed once for all instances: three instances' hooks chained on its
+    summed gradient (W's gradient 9 times eager's), and ``retain_grad`` kept none."""
+    w = nn.Parameter(torch.randn(3, dtype=torch.float64))
+
+    def hooked(x: torch.Tensor) -> torch.Tensor:
+        h = w * 2
+        h.register_hook(lambda g: g * 3)
+        return (h * torch.as_tensor(x)).sum()
+
+    def retained(x: torch.Tensor) -> torch.Tensor:
+        h = w * 2
+        h.retain_grad()
+        return (h * torch.as_tensor(x)).sum()
+
+    items = [torch.randn(3, dtype=torch.float64) for _ in range(3)]
+    for fn in (hooked, retained):
+        with pytest.raises(UnsupportedOpError, match="computed from shared tensors only"):
+            bf.batch_map(fn, items)
+
+
+def test_a_backward_pass_of_shared_tensors_only_inside_runs_as_eagerly() -> None:
+    """The second instance's backward met the memoised graph the first one freed."""
+    w = nn.Parameter(torch.randn(3, 3, dtype=torch.float64))
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        (g,) = torch.autograd.grad((w * 2).sum(), w)
+        (w**2).sum().backward()
+        return g.sum() * torch.as_tensor(x)
+
+    items = [torch.randn(3, dtype=torch.float64) for _ in range(3)]
+    w.grad = None
+    want = [fn(x) for x in items]
+    eager_grad = w.grad.clone() if w.grad is not None else None
+    w.grad = None
+    got = bf.batch_map(fn, items)
+    for g, e in zip(got, want, strict=True):
+        torch.testing.assert_close(g, e, rtol=0, atol=1e-12)
+    assert eager_grad is not None and w.grad is not None
+    torch.testing.assert_close(w.grad, eager_grad, rtol=0, atol=1e-12)

@@ -35,6 +35,9 @@ from .sites import func_name, user_site, version
 Tensor = torch.Tensor
 _DATA = torch._C.TensorBase.__dict__["data"]  # the getset descriptor of ``t.data``
 _REQUIRES_GRAD = torch._C.TensorBase.__dict__["requires_grad"]
+_HOOKS = frozenset(["register_hook", "retain_grad", "register_post_accumulate_grad_hook"])
+# where a backward call takes retain_graph among its positional arguments
+_RETAIN_AT = {torch.Tensor.backward: 2, torch.autograd.grad: 3, torch.autograd.backward: 2}
 READ = "read"
 WRITES = "makes a random or in-place call on shared tensors"
 UNHASHABLE = "calls a function on shared tensors with unhashable arguments"
@@ -64,6 +67,19 @@ class SharedCalls:
                     stop_dry("t.data = x")
                 return self._set_data(func, args)
             func, args, kwargs = torch.Tensor.detach, args[:1], {}  # memoised as any call
+        if name in _HOOKS and args and id(args[0]) in self.handed:
+            raise UnsupportedOpError(
+                f"{name}() at {user_site()} on a tensor computed from shared tensors only "
+                "(W * 2): batch_map computes such a value once for all instances, so a hook on it would "
+                "see every instance's gradient at once. Register it on a per-instance value, "
+                "or compute the value before batch_map."
+            )
+        at = _RETAIN_AT.get(func)
+        if at is not None:  # eagerly each instance has its own graph; memoised, it is shared
+            if len(args) > at:
+                args = (*args[:at], True, *args[at + 1 :])
+            else:
+                kwargs = {**kwargs, "retain_graph": True}
         in_place = (name[-1:] == "_" and name[:1] != "_") or name in ("__set__", "__setitem__")
         if in_place or is_random(func):
             if dry():  # a write or a draw that could not be undone
