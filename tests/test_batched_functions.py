@@ -180,3 +180,51 @@ def test_a_function_that_branches_on_zeros_keeps_its_outputs_gradient(batched: b
     (grad,) = torch.autograd.grad(torch.stack(got).sum(), weight)
     (eager,) = torch.autograd.grad(torch.stack(want).sum(), weight)
     torch.testing.assert_close(grad, eager)
+
+
+@pytest.mark.parametrize(
+    ("body", "shape"),
+    [
+        (lambda a: torch.softmax(a, 0), (3,)),
+        (lambda a: a - a.mean(0, keepdim=True), (3,)),
+        (lambda a: a.cumsum(0), (3,)),
+        (nn.BatchNorm1d(3).double(), (3, 4)),  # in training: statistics over batch and length
+    ],
+    ids=["softmax over the batch", "centred on the batch", "cumsum over the batch", "BatchNorm"],
+)
+def test_a_batched_function_whose_rows_depend_on_each_other_is_refused(
+    body: Any, shape: tuple[int, ...]
+) -> None:
+    """Same shapes, so the shape check passed, and each instance saw the others' rows."""
+    f = bf.function(body, batched=True)
+    with pytest.raises(bf.ShapeError, match="depends on the other rows"):
+        items = [torch.randn(*shape, dtype=torch.float64) for _ in range(4)]
+        bf.batch_map(lambda x: f(torch.as_tensor(x)), items)
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_the_probes_of_a_function_that_draws_leave_the_generator_as_eager_does(
+    batched: bool,
+) -> None:
+    """Its calls on made-up values, to learn its outputs, drew from the generator: the masks
+    and every later draw differed from eager's."""
+    lin = nn.Linear(3, 3).double()
+    f = bf.function(lambda a: nn.functional.dropout(lin(a), 0.5, training=True), batched=batched)
+    items = [torch.randn(3, dtype=torch.float64) for _ in range(4)]
+    torch.manual_seed(0)
+    eager = [f(torch.as_tensor(x)) for x in items]
+    after = torch.get_rng_state()
+    torch.manual_seed(0)
+    got = bf.batch_map(lambda x: f(torch.as_tensor(x)), items)
+    assert torch.equal(torch.get_rng_state(), after)
+    for g, e in zip(got, eager, strict=True):
+        assert torch.equal(g == 0, e == 0)
+
+
+def test_a_function_that_cannot_take_zeros_says_why_it_is_refused() -> None:
+    """Shape inference runs it on zeros; the error blamed the inputs' shapes alone."""
+    f = bf.function(torch.linalg.cholesky)
+    items = [torch.eye(3, dtype=torch.float64) * 2 for _ in range(2)]
+    with pytest.raises(bf.ShapeError) as raised:
+        bf.batch_map(lambda x: f(torch.as_tensor(x)), items)
+    assert any("runs once on zeros" in note for note in raised.value.__notes__)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -41,7 +42,8 @@ class BatchedFunction:
         if not self.batched:
             return self.fn(*args, **kwargs)
         out = self.fn(*tree_map(_unsqueeze, args), **tree_map(_unsqueeze, kwargs))
-        return tree_map(lambda t: t.squeeze(0) if isinstance(t, Tensor) else t, out)
+        with torch.enable_grad():  # recorded where the output has a history, as fn made it
+            return tree_map(lambda t: t.squeeze(0) if isinstance(t, Tensor) else t, out)
 
     def eager_for_shapes(self, shared: list[bool]) -> Callable[..., Any]:
         """:meth:`eager`, as shape inference runs it once on zeros at a new signature, noting
@@ -50,6 +52,10 @@ class BatchedFunction:
         other."""
 
         def run(*args: Any, **kwargs: Any) -> Any:
+            with self.probing():
+                return probe(*args, **kwargs)
+
+        def probe(*args: Any, **kwargs: Any) -> Any:
             with torch._C.DisableTorchFunction():
                 tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)]
                 versions = [version(t) for t in tensors]
@@ -75,6 +81,7 @@ class BatchedFunction:
                         seen.add(memory)
                 if self.batched:
                     self._check_rows(args, kwargs, out)
+                    self._check_row_values(args, kwargs)
             shared.append(found)
             return out
 
@@ -103,6 +110,62 @@ class BatchedFunction:
                     "per-instance 0-d value arrives as [n]: broadcast it with s[:, None])."
                 )
 
+    @contextmanager
+    def probing(self) -> Iterator[None]:
+        """Around the calls on made-up values that learn the function's outputs: the random
+        generators' states and the buffers of the modules it reaches are as before them (a
+        dropout inside drew, and a normalisation moved its running statistics, as no eager
+        call does)."""
+        modules, _ = self.reached()
+        with torch._C.DisableTorchFunction():
+            kept = [(b, b.detach().clone()) for m in modules for b in m.buffers(recurse=False)]
+        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        # the generators' own methods: torch.set_rng_state is refused inside batch_map
+        states = (torch.default_generator.get_state(), cuda and torch.cuda.get_rng_state_all())
+        try:
+            yield
+        finally:
+            torch.default_generator.set_state(states[0])
+            if cuda:
+                torch.cuda.set_rng_state_all(states[1])
+            with torch._C.DisableTorchFunction(), torch.no_grad():
+                for buffer, value in kept:
+                    buffer.data.copy_(value)  # without a version bump: nothing was written
+
+    def _check_row_values(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Refuse a ``batched=True`` function whose output rows depend on each other (a
+        softmax or a cumulative sum over dim 0, a normalisation over the batch): on three
+        different rows (these inputs plus 0, 1, 2), each output row must be the function's
+        output on that row alone. Inconclusive where the made-up rows raise."""
+
+        def row(k: int) -> Any:
+            return lambda x: x + k if isinstance(x, Tensor) and x.is_floating_point() else x
+
+        def rows(x: Any) -> Any:
+            return torch.stack([row(k)(x) for k in range(3)]) if isinstance(x, Tensor) else x
+
+        try:
+            alone = [
+                tree_leaves(self.eager(*tree_map(row(k), args), **tree_map(row(k), kwargs)))
+                for k in range(3)
+            ]
+            together = tree_leaves(self.fn(*tree_map(rows, args), **tree_map(rows, kwargs)))
+            torch.default_generator.manual_seed(0x5EED)  # undone by probing()
+            again = tree_leaves(self.fn(*tree_map(rows, args), **tree_map(rows, kwargs)))
+        except Exception:  # noqa: BLE001 - made-up values the function may not take
+            return
+        if not all(_close(a, b) for a, b in zip(together, again, strict=False)):
+            return  # it draws random numbers: its rows cannot be compared
+        for k, outs in enumerate(alone):
+            for one, many in zip(outs, together, strict=False):
+                if isinstance(one, Tensor) and not _close(one, many[k]):
+                    raise ShapeError(
+                        f"{self!r} takes a batch, but its output for one row depends on the "
+                        "other rows of the batch (an op over dim 0: a softmax, a sum or a "
+                        "normalisation over the batch); batched, each instance would see the "
+                        "others. Make it treat each row on its own, or use batched=False."
+                    )
+
     def output_grad(
         self, template: tuple[Any, Any], in_metas: tuple[Any, ...], grad: bool
     ) -> tuple[tuple[bool, tuple[int, ...]], ...]:
@@ -115,7 +178,7 @@ class BatchedFunction:
         args, kwargs = template
 
         def on(make: Any, grad_at: int | None) -> list[bool]:
-            with torch._C.DisableTorchFunction(), torch.set_grad_enabled(grad):
+            with self.probing(), torch._C.DisableTorchFunction(), torch.set_grad_enabled(grad):
                 values = [
                     make(m.shape, dtype=m.dtype, device=m.device, requires_grad=i == grad_at)
                     for i, m in enumerate(in_metas)
@@ -168,6 +231,16 @@ class BatchedFunction:
 
 def _unsqueeze(x: Any) -> Any:
     return x.unsqueeze(0) if isinstance(x, Tensor) else x
+
+
+def _close(one: Tensor, row: Tensor) -> bool:
+    """Whether a row of a batched output is the one-row output (to the rounding in which a
+    batched kernel may differ from a one-row one)."""
+    if one.shape != row.shape:
+        return False
+    if not (one.is_floating_point() or one.is_complex()):
+        return bool(torch.equal(one, row))
+    return bool(torch.allclose(one.double(), row.double(), rtol=1e-3, atol=1e-3, equal_nan=True))
 
 
 def function(fn: Callable[..., Any] | None = None, *, batched: bool = False) -> Any:

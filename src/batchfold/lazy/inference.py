@@ -20,6 +20,7 @@ from ..errors import (
     IndexShapeError,
     ShapeError,
     UnsupportedOpError,
+    add_note,
 )
 from ..graph import Slot, TensorMeta
 from ..ops import fill
@@ -294,6 +295,13 @@ def infer_outputs(
     return found
 
 
+_ZEROS_NOTE = (
+    "A bf.function runs once on zeros of its inputs' shapes, to learn its outputs' shapes; "
+    "one that cannot take zeros (a Cholesky factor, an inverse) cannot be a bf.function: "
+    "call its ops directly, which batch_map records one by one."
+)
+
+
 def _run_for_shapes(
     func: Any,
     eager: Any,
@@ -338,7 +346,10 @@ def _run_for_shapes(
             except (RecursionError, MemoryError, BatchfoldError):  # ours: clear as it is
                 raise
             except _INPUT_ERRORS as error:
-                raise shape_error(name, site, in_metas, error) from error
+                found = shape_error(name, site, in_metas, error)
+                if eager is not None:
+                    add_note(found, _ZEROS_NOTE)
+                raise found from error
     ok = isinstance(out, Tensor) or (
         isinstance(out, (tuple, list))
         and any(isinstance(o, Tensor) for o in out)
