@@ -121,13 +121,14 @@ class BatchedFunction:
             kept = [(b, b.detach().clone()) for m in modules for b in m.buffers(recurse=False)]
         cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
         # the generators' own methods: torch.set_rng_state is refused inside batch_map
-        states = (torch.default_generator.get_state(), cuda and torch.cuda.get_rng_state_all())
+        cpu_state = torch.default_generator.get_state()
+        cuda_states = torch.cuda.get_rng_state_all() if cuda else []
         try:
             yield
         finally:
-            torch.default_generator.set_state(states[0])
+            torch.default_generator.set_state(cpu_state)
             if cuda:
-                torch.cuda.set_rng_state_all(states[1])
+                torch.cuda.set_rng_state_all(cuda_states)
             with torch._C.DisableTorchFunction(), torch.no_grad():
                 for buffer, value in kept:
                     buffer.data.copy_(value)  # without a version bump: nothing was written
