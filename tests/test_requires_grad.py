@@ -320,9 +320,11 @@ def test_an_output_requires_grad_where_its_own_input_does(name: str, scheduler: 
     assert_matches_eager(fn, _inputs(4), lin, scheduler)
 
 
-def test_a_hook_on_a_value_of_shared_tensors_only_is_refused() -> None:
+def test_a_hook_on_a_value_of_shared_tensors_only_is_each_instances_own() -> None:
     """Such a value is computed once for all instances: three instances' hooks chained on its
-    summed gradient (W's gradient 9 times eager's), and ``retain_grad`` kept none."""
+    summed gradient (W's gradient 9 times eager's), and ``retain_grad`` kept none. A hook now
+    takes the value out of the memo (each later instance computes its own, as eagerly); one
+    on a value several instances already got is refused."""
     w = nn.Parameter(torch.randn(3, dtype=torch.float64))
 
     def hooked(x: torch.Tensor) -> torch.Tensor:
@@ -330,15 +332,38 @@ def test_a_hook_on_a_value_of_shared_tensors_only_is_refused() -> None:
         h.register_hook(lambda g: g * 3)
         return (h * torch.as_tensor(x)).sum()
 
+    held: list[torch.Tensor] = []
+
     def retained(x: torch.Tensor) -> torch.Tensor:
         h = w * 2
         h.retain_grad()
+        held.append(h)
         return (h * torch.as_tensor(x)).sum()
 
     items = [torch.randn(3, dtype=torch.float64) for _ in range(3)]
-    for fn in (hooked, retained):
-        with pytest.raises(UnsupportedOpError, match="computed from shared tensors only"):
-            bf.batch_map(fn, items)
+    w.grad = None
+    torch.stack([hooked(x) for x in items]).sum().backward()
+    want = w.grad.clone() if w.grad is not None else None
+    w.grad = None
+    torch.stack(bf.batch_map(hooked, items)).sum().backward()
+    assert want is not None and w.grad is not None
+    torch.testing.assert_close(w.grad, want, rtol=0, atol=1e-12)
+    torch.stack(bf.batch_map(retained, items)).sum().backward()
+    for h, x in zip(held, items, strict=True):
+        assert h.grad is not None
+        torch.testing.assert_close(h.grad, x, rtol=0, atol=1e-12)
+
+    def late(x: torch.Tensor) -> torch.Tensor:
+        h = w * 2  # instance 1 gets instance 0's value: handed twice, then hooked
+        if float(x[0]) > 100:
+            h.register_hook(lambda g: g * 3)
+        return (h * torch.as_tensor(x)).sum()
+
+    with pytest.raises(UnsupportedOpError, match="computed from shared tensors only"):
+        bf.batch_map(
+            late,
+            [torch.zeros(3, dtype=torch.float64), torch.full((3,), 200.0, dtype=torch.float64)],
+        )
 
 
 def test_a_backward_pass_of_shared_tensors_only_inside_runs_as_eagerly() -> None:

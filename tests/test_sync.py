@@ -316,6 +316,21 @@ def test_a_context_variable_set_around_a_read_is_each_instances_own(scheduler: s
     assert _SCALE.get() == 1.0
 
 
+def test_a_context_variable_left_set_reaches_later_instances_and_the_caller() -> None:
+    """A counter kept in a ContextVar, set and never reset, counts as eagerly."""
+    calls: contextvars.ContextVar[int] = contextvars.ContextVar("calls", default=0)
+
+    def fn(x: float) -> Any:
+        calls.set(calls.get() + 1)
+        return torch.tensor(x) * calls.get()
+
+    want = [fn(x).item() for x in (1.0, 1.0, 1.0)]
+    assert calls.get() == 3
+    calls.set(0)
+    got = bf.batch_map(fn, [1.0, 1.0, 1.0])
+    assert [g.item() for g in got] == want and calls.get() == 3
+
+
 def test_a_list_of_instances_that_grows_after_its_last_started_is_refused() -> None:
     """Work appended by an instance resumed after a sync point was dropped silently."""
     work = [1, 2]

@@ -155,3 +155,35 @@ def test_an_attribute_set_over_by_a_later_instance_is_unused() -> None:
     grad = torch.autograd.grad(torch.stack(got).sum(), [w], allow_unused=True)[0]
     assert grad is None or bool(torch.isfinite(grad).all())
     assert stats.unused == 2 * 3
+
+
+def test_the_rehearsal_runs_only_the_values_left_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """It ran every pending node again: a recurrence whose last cell state goes unused ran
+    its forward pass twice."""
+    import importlib
+
+    execute = importlib.import_module("batchfold.execute")
+    run_steps = execute.Executor._run_steps
+    counts: list[int] = []
+
+    def counting(self: Any, plan: Any) -> None:
+        counts.append(len(plan.steps))
+        run_steps(self, plan)
+
+    monkeypatch.setattr(execute.Executor, "_run_steps", counting)
+    cell = nn.LSTMCell(3, 3).double()
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        xs = torch.as_tensor(x)
+        h = c = torch.zeros(3, dtype=torch.float64)
+        for t in range(xs.shape[0]):
+            h, c = cell(xs[t][None], (h[None], c[None]))
+            h, c = h[0], c[0]
+        return torch.tanh(h).sum()  # the last c[0] goes unused
+
+    items = [torch.randn(6, 3, dtype=torch.float64) for _ in range(4)]
+    got, stats = bf.batch_map(fn, items, return_stats=True)
+    for g, x in zip(got, items, strict=True):
+        torch.testing.assert_close(g, fn(x), rtol=0, atol=1e-12)
+    assert stats.unused > 0 and len(counts) == 2
+    assert counts[1] < counts[0] // 2  # the left-out values' steps only

@@ -17,11 +17,11 @@ import numpy as np
 import torch
 
 from .fused_stack import fusable, fused_stack
-from .graph import OUT_BITS, OUT_MASK
+from .graph import OUT_BITS, OUT_MASK, Graph
 from .ops_views import forget_rows
 from .profile import Profile, StepClock, mark
 from .ragged import expand_rows
-from .schedule import UNBOUND, Fanout, Gather, Plan, Step
+from .schedule import UNBOUND, Fanout, Gather, Plan, Step, schedule
 from .step_calls import Fallbacks, run_op, run_ragged, sources_batch
 
 Tensor = torch.Tensor
@@ -64,8 +64,7 @@ class Executor:
         return tensor[row]
 
     def number(self, v: int) -> Any:
-        """``item()`` of computed 0-d value ``v``: its step output is read into Python numbers
-        once, for all the values that sync points read from it (a greedy decoder's tokens)."""
+        """``item()`` of computed 0-d value ``v``, its step output read into numbers once."""
         node = v >> OUT_BITS
         step, row = int(self.node_step[node]), int(self.node_row[node])
         if step < 0:
@@ -165,10 +164,11 @@ class Executor:
         self.node_step = np.concatenate([self.node_step, plan.node_step])
         self.node_row = np.concatenate([self.node_row, plan.node_row])
 
-    def rehearse(self, plan: Plan) -> None:
-        """Run ``plan`` (every pending node) on a copy of this store without gradients: values
-        nothing needs, which the plan that counts leaves out (see ``schedule``), raise here
-        the errors eager code raises in them (an index out of range), outside the backward."""
+    def rehearse(self, graph: Graph, scheduler: Any, plan: Plan) -> None:
+        """Run the nodes ``plan`` (just run) left out as nothing needs them (see ``schedule``),
+        on a copy of this store without gradients: for the errors eager code raises in them."""
+        left_out = plan.node_step < 0
+        plan = schedule(graph, scheduler, len(self.outputs), self.locations, only=left_out)
         scratch = Executor()
         scratch.outputs, scratch.square = list(self.outputs), set(self.square)
         scratch.node_step, scratch.node_row = self.node_step, self.node_row

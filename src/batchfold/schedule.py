@@ -52,6 +52,7 @@ def schedule(
     first_step: int = 0,
     locations: tuple[np.ndarray, np.ndarray] | None = None,
     needed: np.ndarray | None = None,
+    only: np.ndarray | None = None,
 ) -> Plan:
     """Group the graph's pending nodes into batched steps.
 
@@ -65,6 +66,8 @@ def schedule(
             others (the last one): nodes none of them needs are left out of the plan, as
             eager code never computes a value again once nothing refers to it (their
             ``node_step`` is -1). ``None``: every node runs.
+        only: a mask of the pending nodes to run, the others having run in a plan before,
+            whose places ``locations`` holds (see ``Executor.rehearse``).
 
     Returns:
         A :class:`Plan` whose steps, run in order, compute every pending node.
@@ -89,8 +92,7 @@ def schedule(
         sig_inputs = graph.pending_of[sig_id].inputs
         inputs[sig_id] = np.asarray(sig_inputs, dtype=np.int64).reshape(len(local), -1)
     # a ragged family's nodes share one buffer (sig_of), so they group as one signature's
-    edges = None
-    keep = None
+    edges, keep = None, only
     if needed is not None and len(sig_of):
         edges = pending_edges(members, inputs, graph.node_base)
         roots = np.zeros(len(sig_of), dtype=bool)
@@ -197,14 +199,19 @@ class _Layout:
         self.node_row[order] = np.arange(n) - self.starts.repeat(self.sizes)
 
     def locate(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Steps and rows of global node ids ``nodes``, in this segment or earlier ones."""
+        """Steps and rows of global node ids ``nodes``, in this plan or run before it (in an
+        earlier segment, or in the plan before one of some of this segment's nodes)."""
         local = nodes - self.base
         if len(local) == 0 or local.min() >= 0:
-            return self.node_step[local], self.node_row[local]
-        old = local < 0
-        step, row = np.empty_like(nodes), np.empty_like(nodes)
+            step, row = self.node_step[local], self.node_row[local]
+            if len(step) == 0 or step.min() >= 0:
+                return step, row
+        else:
+            inside = np.maximum(local, 0)
+            step = np.where(local >= 0, self.node_step[inside], -1)
+            row = np.where(local >= 0, self.node_row[inside], -1)
+        old = step < 0
         step[old], row[old] = self.old_step[nodes[old]], self.old_row[nodes[old]]
-        step[~old], row[~old] = self.node_step[local[~old]], self.node_row[local[~old]]
         return step, row
 
     def order_rows(self, first: np.ndarray) -> None:

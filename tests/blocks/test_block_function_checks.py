@@ -14,9 +14,12 @@ from torch import nn
 
 from batchfold.blocks import (
     AllOf,
+    FromTensor,
     Function,
+    Identity,
     Map,
     Mean,
+    Metric,
     Record,
     Scalar,
     Sum,
@@ -166,5 +169,79 @@ def test_a_plan_of_per_instance_steps_is_refused_once_the_model_changed(change: 
 def test_weights_moved_to_another_dtype_after_compile_are_refused() -> None:
     model = compile(Vector(3) >> Function(nn.Linear(3, 2)))
     model.float()
-    with pytest.raises(ValueError, match="dtypes it was compiled with"):
+    with pytest.raises(ValueError, match="not the dtype it was compiled with"):
         model([[1.0, 2.0, 3.0]])
+
+
+def test_a_per_instance_plan_that_only_reads_weights_runs_after_an_optimizer_step() -> None:
+    """Ops that read a weight read it when the plan runs: only values computed from the weights
+    alone (``W * 2``) are constants of the plan, and only those make it stale."""
+    lin = nn.Linear(2, 3)
+    f = Function(lambda x: torch.tanh(x @ lin.weight.t()), per_instance=True, modules=[lin])
+    model = compile(Map(Vector(2) >> f) >> Sum())
+    plans = [model.schedule(DATA), model.schedule(DATA)]
+    for plan in plans:
+        got, _ = model.run(plan)
+        rows = [[torch.tanh(torch.tensor(x) @ lin.weight.t()) for x in xs] for xs in DATA]
+        want = torch.stack([torch.stack(r).sum(0) for r in rows])
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+        with torch.no_grad():
+            lin.weight.add_(0.25)
+
+
+def test_a_buffer_added_after_compile_is_no_dtype_change() -> None:
+    """The dtypes were compared position by position: a new buffer raised StopIteration."""
+    lin = nn.Linear(3, 2)
+    model = compile(Vector(3) >> Function(lin))
+    lin.register_buffer("calls", torch.zeros((), dtype=torch.int64))
+    out, _ = model([[1.0, 2.0, 3.0]])
+    torch.testing.assert_close(out, lin(torch.tensor([[1.0, 2.0, 3.0]])), rtol=0, atol=1e-12)
+
+
+def test_only_a_batchnorm_that_runs_on_batch_statistics_is_refused() -> None:
+    norm = nn.BatchNorm1d(2)
+    declared = compile(Map(Vector(2) >> Function(lambda h: h * 1.0, modules=[norm])) >> Sum())
+    out, _ = declared([[[1.0, 2.0]], [[3.0, 4.0]]])  # declared, never called: nothing to refuse
+    assert out.tolist() == [[1.0, 2.0], [3.0, 4.0]]
+    batch_stats = nn.BatchNorm1d(2, track_running_stats=False).eval()  # the batch's, in eval
+    model = compile(Map(Vector(2) >> Function(batch_stats)) >> Sum())
+    with pytest.raises(UnsupportedOpError, match="statistics of its batch"):
+        model([[[1.0, 2.0], [3.0, 5.0]], [[100.0, -7.0]]])
+
+
+def test_outputs_and_metrics_are_tensors_of_their_own() -> None:
+    """Rows in order were views of their step's output: a write into one output changed
+    another output and a metric, and broke the backward pass."""
+    lin = nn.Linear(2, 2)
+    model = compile(Vector(2) >> Function(lin) >> AllOf(Identity(), Identity(), Metric("m")))
+    (a, b, _), metrics = model([[1.0, 2.0], [3.0, 4.0]])
+    before_b, before_m = b.clone(), metrics["m"].clone()
+    a.mul_(2)
+    assert torch.equal(b, before_b) and torch.equal(metrics["m"], before_m)
+    (a.sum() + 3 * b.sum()).backward()
+    x = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    assert lin.weight.grad is not None
+    torch.testing.assert_close(lin.weight.grad, (5 * torch.ones(2, 2, dtype=x.dtype)) * x.sum(0))
+
+
+def test_a_parameter_assigned_anew_is_what_from_tensor_reads() -> None:
+    """``load_state_dict(..., assign=True)`` replaces the parameter: the block read the old one."""
+    weight = nn.Parameter(torch.zeros(2))
+    model = compile(Record((FromTensor(weight), FromTensor(torch.zeros(2)))))
+    state = {k: torch.ones_like(v) for k, v in model.state_dict().items()}
+    model.load_state_dict(state, assign=True)
+    (got, _), _ = model([(None, None)])
+    assert got.tolist() == [[1.0, 1.0]]
+    got.sum().backward()
+    assert next(model.parameters()).grad is not None
+
+
+def test_a_per_instance_plan_made_in_a_dataloader_worker_is_refused_there() -> None:
+    """Its plan cannot be pickled back: the worker's feeder thread printed the error and the
+    loader waited forever."""
+    from torch.utils.data import DataLoader
+
+    _, model = _per_instance_model()
+    loader = DataLoader(DATA, batch_size=2, num_workers=1, collate_fn=model.schedule)
+    with pytest.raises(ValueError, match="DataLoader worker"):
+        next(iter(loader))

@@ -87,6 +87,7 @@ _DERIVED = (
     "_leaves",
     "_layout_error",
     "_buffer_names",
+    "_param_names",
 )
 
 
@@ -127,6 +128,7 @@ class CompiledModel(nn.Module):
             if name is not None:
                 self.register_buffer(name, tensor)
         self._dtypes = weight_dtypes(self)  # its blocks' types were made for these
+        self._param_names = {id(t): name for name, t in self.named_parameters()}
 
     def _build(self) -> Specializer:
         """Specialise the root block; sets everything that is derived from the blocks."""
@@ -164,6 +166,7 @@ class CompiledModel(nn.Module):
             for i, t in enumerate(ctx.tensors.values())
             if not isinstance(t, nn.Parameter)
         }
+        self._param_names = {id(t): name for name, t in self.named_parameters()}
         return ctx
 
     def __getstate__(self) -> dict[str, Any]:
@@ -183,8 +186,10 @@ class CompiledModel(nn.Module):
         return device_of([self])
 
     def tensor_for(self, tensor: torch.Tensor) -> torch.Tensor:
-        """The model's current copy of a ``FromTensor`` tensor (buffers move with ``.to``)."""
+        """The model's current ``FromTensor`` tensor (moved by ``.to``, or assigned anew)."""
         name = self._buffer_names.get(id(tensor))
+        if name is None and (param := self._param_names.get(id(tensor))) is not None:
+            return self.get_parameter(param)
         return getattr(self, name) if name is not None else tensor
 
     def _tape(self, graph: Graph, recorder: Recorder | None = None) -> Tape:
@@ -239,8 +244,8 @@ class CompiledModel(nn.Module):
             recorded - start,
             time.perf_counter() - recorded,
         )
-        if any(step.sig.ref is None for step in plan.steps):
-            block_plan.live = live_state(self, self._token)
+        if any(step.sig.ref is None for step in plan.steps):  # per-instance code recorded
+            block_plan.live = live_state(self, self._token, tape.recorder)
         return block_plan
 
     def run(self, plan: BlockPlan, profile: bool = False) -> tuple[Any, dict[str, torch.Tensor]]:

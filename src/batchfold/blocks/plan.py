@@ -83,7 +83,7 @@ class BlockPlan:
     record_s: float = 0.0
     schedule_s: float = 0.0
     bound: tuple[object, torch.device] | None = None
-    live: Any = None  # see live_state: set where per-instance code recorded steps
+    live: tuple[Any, ...] | None = None  # see live_state: where per-instance code recorded
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "bound": None}
@@ -177,10 +177,14 @@ def map_tensors(value: Any, t: Type, fn: Callable[[int, TensorType], Any]) -> An
 def gather_rows(
     store: Executor, ids: np.ndarray, t: TensorType, device: torch.device
 ) -> torch.Tensor:
-    """The values ``ids`` (of type ``t``) stacked along dim 0, ``[0, *shape]`` when empty."""
+    """The values ``ids`` (of type ``t``) stacked along dim 0, ``[0, *shape]`` when empty: a
+    tensor of its own, as a stack of eager values is (rows in order are a view of their step's
+    output, which other outputs, metrics and the backward pass read: a write into one reached
+    them)."""
     if len(ids) == 0:
         return torch.zeros((0, *t.shape), dtype=t.dtype, device=device)
-    return store.rows(ids)
+    rows = store.rows(ids)
+    return rows.clone() if rows._base is not None else rows
 
 
 def sequence_batch(
@@ -246,42 +250,54 @@ def pack_plan(
     )
 
 
-def live_state(model: nn.Module, token: object) -> tuple[Any, ...]:
+def live_state(model: nn.Module, token: object, computed: Any) -> tuple[Any, ...]:
     """What steps recorded by per-instance code depend on: the model (its token), the grad
-    and inference modes, each module's train/eval mode, and each weight's identity and
-    version. Such steps keep what their code computed from the weights when the plan was
-    scheduled (``W * 2``, a dropout mask drawn or not), so they are valid for this state only."""
+    and inference modes, each module's train/eval mode, and where the code ``computed``
+    values from the weights alone when the plan was scheduled (``W * 2``, kept as a
+    constant of the plan), each weight's identity and version; ops that read a weight read it
+    when the plan runs. ``computed``: a flag, or the recorder of the per-instance code."""
+    if not isinstance(computed, bool):  # at schedule(): the per-instance code's recorder
+        if torch.utils.data.get_worker_info() is not None:  # its plan cannot be pickled back
+            raise ValueError(
+                "schedule() in a DataLoader worker of a model with per-instance code "
+                "(Function(..., per_instance=True)): its plan holds that code's live steps, "
+                "which cannot be sent to the main process (the loader would wait forever). "
+                "Schedule in the main process, or make the Function batched."
+            )
+        computed = computed is not None and computed.shared_calls.computed()
     tensors = (*model.parameters(), *model.buffers())
     return (
         token,
         torch.is_grad_enabled(),
         torch.is_inference_mode_enabled(),
         tuple(m.training for m in model.modules()),
-        tuple((id(t), t._version) for t in tensors),
+        tuple((id(t), t._version) for t in tensors) if computed else None,
     )
 
 
-def weight_dtypes(model: nn.Module) -> tuple[torch.dtype, ...]:
-    """The dtype of each of a model's parameters and buffers."""
-    return tuple(t.dtype for t in (*model.parameters(), *model.buffers()))
+def weight_dtypes(model: nn.Module) -> dict[str, torch.dtype]:
+    """The dtype of each of a model's parameters and buffers, by name."""
+    return {name: t.dtype for name, t in (*model.named_parameters(), *model.named_buffers())}
 
 
 def refuse_stale_plan(
-    plan: BlockPlan, model: nn.Module, token: object, compiled: tuple[torch.dtype, ...] | None
+    plan: BlockPlan, model: nn.Module, token: object, compiled: dict[str, torch.dtype] | None
 ) -> None:
     """Refuse to run a plan on a model whose weights changed dtype since it was compiled (with
     ``compiled``), or one with steps recorded by per-instance code in a state other than the
     one it was scheduled in (see :func:`live_state`)."""
     dtypes = weight_dtypes(model)
-    if compiled is not None and dtypes != compiled:
-        moved = next(b for a, b in zip(compiled, dtypes, strict=False) if a != b)
+    moved = [n for n, d in dtypes.items() if compiled is not None and compiled.get(n, d) != d]
+    if moved:
         raise ValueError(
-            f"the model's weights are {moved} now, not the dtypes it was compiled with "
+            f"the model's weight {moved[0]} is {dtypes[moved[0]]} now, not the dtype it was compiled with "
             "(model.double(), .half() or .to(dtype) after compile): its blocks' input and "
             "output types were fixed when it was compiled. Compile the blocks again after "
             "moving the weights, or give the blocks that dtype (Vector(3, torch.float64))."
         )
-    if plan.live is None or plan.live == (now := live_state(model, token)):
+    if plan.live is None or plan.live == (
+        now := live_state(model, token, plan.live[-1] is not None)
+    ):
         return
     what = (
         "another model (a copy?) runs it",

@@ -30,6 +30,7 @@ class BatchedFunction:
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)
         rule = self._batched_call if batched else self._vmapped_call
         self.rule = OpRule(self.__name__, rule, loops=not batched)  # vmap fails: once each
+        self.rows_checked: set[Any] = set()  # the kinds of call (_call_kind) found row-wise
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         rec = active_recorder()
@@ -79,9 +80,10 @@ class BatchedFunction:
                         memory = o.untyped_storage().data_ptr()
                         found = found or memory in seen
                         seen.add(memory)
-                if self.batched:
-                    self._check_rows(args, kwargs, out)
-                    self._check_row_values(args, kwargs)
+                if self.batched and (key := _call_kind(args, kwargs)) not in self.rows_checked:
+                    self._check_rows(args, kwargs, out)  # once per kind of call: the probes
+                    self._check_row_values(args, kwargs)  # run again at each new signature
+                    self.rows_checked.add(key)
             shared.append(found)
             return out
 
@@ -150,12 +152,11 @@ class BatchedFunction:
                 tree_leaves(self.eager(*tree_map(row(k), args), **tree_map(row(k), kwargs)))
                 for k in range(3)
             ]
+            before = _generator_states()
             together = tree_leaves(self.fn(*tree_map(rows, args), **tree_map(rows, kwargs)))
-            torch.default_generator.manual_seed(0x5EED)  # undone by probing()
-            again = tree_leaves(self.fn(*tree_map(rows, args), **tree_map(rows, kwargs)))
         except Exception:  # noqa: BLE001 - made-up values the function may not take
             return
-        if not all(_close(a, b) for a, b in zip(together, again, strict=False)):
+        if not all(torch.equal(a, b) for a, b in zip(before, _generator_states(), strict=True)):
             return  # it draws random numbers: its rows cannot be compared
         for k, outs in enumerate(alone):
             for one, many in zip(outs, together, strict=False):
@@ -234,14 +235,30 @@ def _unsqueeze(x: Any) -> Any:
     return x.unsqueeze(0) if isinstance(x, Tensor) else x
 
 
+def _call_kind(args: Any, kwargs: Any) -> Any:
+    """A call's tensors' shapes and dtypes and its other arguments' types."""
+    return tuple(
+        (tuple(x.shape), x.dtype) if isinstance(x, Tensor) else type(x)
+        for x in tree_leaves((args, kwargs))
+    )
+
+
 def _close(one: Tensor, row: Tensor) -> bool:
-    """Whether a row of a batched output is the one-row output (to the rounding in which a
-    batched kernel may differ from a one-row one)."""
+    """Whether a row of a batched output is the one-row output, to the rounding in which a
+    batched kernel may differ from a one-row one (a few units in the last place of its
+    dtype: a bfloat16 GRU's batched and one-row outputs differ by one)."""
     if one.shape != row.shape:
         return False
     if not (one.is_floating_point() or one.is_complex()):
         return bool(torch.equal(one, row))
-    return bool(torch.allclose(one.double(), row.double(), rtol=1e-3, atol=1e-3, equal_nan=True))
+    tol = max(1e-3, 16 * torch.finfo(one.dtype).eps)
+    return bool(torch.allclose(one.double(), row.double(), rtol=tol, atol=tol, equal_nan=True))
+
+
+def _generator_states() -> list[Tensor]:
+    """The default generators' states (the CPU's, and each CUDA device's once initialised)."""
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    return [torch.default_generator.get_state(), *(torch.cuda.get_rng_state_all() if cuda else [])]
 
 
 def function(fn: Callable[..., Any] | None = None, *, batched: bool = False) -> Any:

@@ -302,6 +302,24 @@ _ZEROS_NOTE = (
 )
 
 
+def _takes_other_values(
+    eager: Any, targs: Any, tkwargs: Any, in_metas: tuple[TensorMeta, ...]
+) -> bool:
+    """Whether a ``bf.function`` that failed on zeros runs on other values (normal floats)."""
+    made = [
+        torch.randn(m.shape, dtype=m.dtype, device=m.device)
+        if m.dtype.is_floating_point
+        else torch.ones(m.shape, dtype=m.dtype, device=m.device)
+        for m in in_metas
+    ]
+    try:
+        with torch.no_grad():
+            eager(*fill(_copies(targs), made), **fill(_copies(tkwargs), made))
+    except Exception:  # noqa: BLE001 - it does not: the error is not about zeros
+        return False
+    return True
+
+
 def _run_for_shapes(
     func: Any,
     eager: Any,
@@ -347,7 +365,7 @@ def _run_for_shapes(
                 raise
             except _INPUT_ERRORS as error:
                 found = shape_error(name, site, in_metas, error)
-                if eager is not None:
+                if eager is not None and _takes_other_values(eager, targs, tkwargs, in_metas):
                     add_note(found, _ZEROS_NOTE)
                 raise found from error
     ok = isinstance(out, Tensor) or (

@@ -95,7 +95,8 @@ def _refuse_hidden(leaf: Any) -> None:
     if isinstance(leaf, (list, tuple, dict)) and _holds_lazy(leaf):  # a subclass: a leaf
         raise UnsupportedOpError(
             f"the function given to batch_map returned a {type(leaf).__name__} (a subclass "
-            f"of {type(leaf).__mro__[-2].__name__}) holding lazy values, which batch_map "
+            f"of {next(b for b in (list, tuple, dict) if isinstance(leaf, b)).__name__}) "
+            "holding lazy values, which batch_map "
             "cannot rebuild with their tensors: return a plain list, tuple or dict."
         )
     if inspect.isgenerator(leaf) or inspect.iscoroutine(leaf):

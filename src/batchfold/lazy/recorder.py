@@ -291,9 +291,9 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
             first, locations = len(self.store.outputs), self.store.locations
             plan = schedule(self.graph, self.scheduler, first, locations, needed)
             middle = time.perf_counter()
-            if rehearse and plan.num_nodes < self.graph.pending:  # see Executor.rehearse
-                self.store.rehearse(schedule(self.graph, self.scheduler, first, locations))
             self.store.run(plan)
+            if rehearse and plan.num_nodes < self.graph.pending:  # see Executor.rehearse
+                self.store.rehearse(self.graph, self.scheduler, plan)
             end = time.perf_counter()
         self.stats.schedule_s += middle - start
         self.stats.execute_s += end - middle

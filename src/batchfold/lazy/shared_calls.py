@@ -68,6 +68,10 @@ class SharedCalls:
                 return self._set_data(func, args)
             func, args, kwargs = torch.Tensor.detach, args[:1], {}  # memoised as any call
         if name in _HOOKS and args and id(args[0]) in self.handed:
+            key, count = self.handed[id(args[0])]
+            if count == 1:  # one call's so far: later calls make their own, as eagerly
+                self.memo.pop(key, None)
+                return refuse_hidden(func, args, kwargs)(*args, **kwargs), READ
             raise UnsupportedOpError(
                 f"{name}() at {user_site()} on a tensor computed from shared tensors only "
                 "(W * 2): batch_map computes such a value once for all instances, so a hook on it would "
@@ -116,6 +120,16 @@ class SharedCalls:
             made = self.made_from
             pairs = [(t, version(t)) for t in inputs]
             self.made_from[id(result)] = (*pairs, *(p for t in inputs for p in made.get(id(t), ())))
+
+    def computed(self) -> bool:
+        """Whether a memoised result is a new tensor (``W * 2``), not a view of what it was
+        made from (``W.t()``): its values are those of the tensors when it was made."""
+        for result, args, kwargs in self.memo.values():
+            memory = _memory(result)
+            leaves = [x for x in tree_leaves((args, kwargs)) if isinstance(x, Tensor)]
+            if memory is None or all(_memory(x) != memory for x in leaves):
+                return True
+        return False
 
     def handed_twice(self) -> set[int]:
         """The ids of the memoised results that several calls got."""

@@ -158,8 +158,8 @@ class Driver:
             self.current = index
             self.set_instance(index)
             grad = torch.is_grad_enabled()
-            try:  # in a copy of the caller's context: a ContextVar it sets stays its own
-                out = contextvars.copy_context().run(fn, instance)
+            try:
+                out = _in_own_context(fn, instance)
             except Exception as error:
                 _note_instance(error, index)
                 raise
@@ -225,3 +225,20 @@ class Driver:
 
 def _note_instance(error: BaseException, index: int) -> None:
     add_note(error, f"(raised by instance {index} of batch_map)")
+
+
+def _in_own_context(fn: Callable[[Any], Any], instance: Any) -> Any:
+    """``fn(instance)`` in a copy of the caller's context, whose sets reach the caller's when
+    it returns: eagerly instances run one after another in one context, so one that waits
+    inside a ``with`` block that sets a ``ContextVar`` must not see another's value (nor
+    another its), while a value an instance leaves set reaches the later ones and the caller."""
+    own = contextvars.copy_context()
+    out = own.run(fn, instance)
+    if own != contextvars.copy_context():  # one comparison where nothing was set
+        for var, value in own.items():
+            if var.get(_UNSET) is not value:
+                var.set(value)
+    return out
+
+
+_UNSET = object()

@@ -249,8 +249,11 @@ def train(task: Task, args: argparse.Namespace) -> dict[str, Any]:
         first_epoch, best = state["epoch"] + 1, state["best"]
         history = read_history(out / "metrics.jsonl", state["epoch"])
     elif ranks.main:  # a fresh start: what an earlier run in the folder left is not its
-        for name in _RUN_FILES:  # a last.pt left would let --resume go on from that run
-            (out / name).unlink(missing_ok=True)
+        left = [name for name in _RUN_FILES if (out / name).exists()]
+        for name in left:  # a last.pt left would let --resume go on from that run
+            (out / name).unlink()
+        if left:
+            print(f"{out}: a new run; removed {', '.join(left)} of an earlier run (see --resume)")
     if ranks.main:
         (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         write_history(out / "metrics.jsonl", history)
