@@ -3,6 +3,9 @@
 Both return the groups as one array of local node ids (``node - node_base``), group after
 group, each group in increasing node order, and the ``bounds`` of the groups in it: group
 ``i`` is ``order[bounds[i]:bounds[i + 1]]``. Both take O(n log n) time for n nodes.
+
+Beside them: which pending nodes a plan needs at all (:func:`needed_nodes`), and the helpers
+the scheduler lays a plan out with (runs of equal keys in sorted arrays, :func:`fan_out`).
 """
 
 from __future__ import annotations
@@ -11,7 +14,8 @@ import heapq
 
 import numpy as np
 
-from .graph import OUT_BITS
+from .graph import OUT_BITS, OUT_MASK
+from .plan import Fanout, Part
 
 SMALL_BATCH = 32  # batches up to this size update the agenda in Python, larger ones in NumPy
 SMALL_GRAPH = 2048  # graphs up to this many nodes run the agenda on Python lists (faster there)
@@ -257,3 +261,43 @@ def broken_runs(rows: np.ndarray, run_of: np.ndarray, n_runs: int) -> np.ndarray
     """Whether each run's ``rows`` (runs are consecutive entries) are not ``a, a+1, ...``."""
     bad = (rows[1:] - rows[:-1] != 1) & (run_of[1:] == run_of[:-1])
     return np.bincount(run_of[:-1][bad], minlength=n_runs) > 0
+
+
+def fan_out(
+    parts: list[Part], source: np.ndarray, first_step: int, sizes: np.ndarray
+) -> dict[int, list[Fanout]]:
+    """Read every step output that several parts of the plan read through one ``Fanout``.
+
+    Returns the fanouts of each step (by position in the plan) and makes each reader's part
+    ``(step, output, j)``, chunk ``j``. A packed output (of a ragged step) is fanned out by
+    nodes as well; the executor turns its nodes into their rows.
+    """
+    mine = (source >= first_step << OUT_BITS).nonzero()[0]
+    by_source = mine[source[mine].argsort(kind="stable")]
+    keys = source[by_source]
+    run_start = np.concatenate(([True], keys[1:] != keys[:-1])).nonzero()[0] if len(keys) else mine
+    run_length = run_lengths(run_start, len(keys))
+    shared = (run_length > 1).nonzero()[0]
+    fanouts: dict[int, list[Fanout]] = {}
+    for r in shared[by_source[run_start[shared]].argsort()].tolist():  # by first read
+        a = int(run_start[r])
+        reads = by_source[a : a + int(run_length[r])].tolist()
+        key = int(keys[a])
+        step, output = key >> OUT_BITS, key & OUT_MASK
+        rows = [part_rows(parts[i]) for i in reads]
+        every = np.concatenate(rows)
+        n = int(sizes[step - first_step])
+        in_order = len(every) == n and bool((every == np.arange(n)).all())
+        fanout = Fanout(output, None if in_order else every, tuple(len(x) for x in rows))
+        fanouts.setdefault(step - first_step, []).append(fanout)
+        for j, i in enumerate(reads):
+            parts[i] = (step, output, j)
+    return fanouts
+
+
+def part_rows(part: Part) -> np.ndarray:
+    """The rows a slice or index part reads."""
+    if len(part) == 4:
+        return np.arange(part[2], part[3])
+    assert isinstance(part[2], np.ndarray)
+    return part[2]

@@ -23,6 +23,7 @@ from .grouping import (
     broken_runs,
     by_agenda,
     by_depth,
+    fan_out,
     needed_nodes,
     pending_edges,
     run_lengths,
@@ -264,7 +265,7 @@ class _Layout:
         node_pool, node_sig = self.sig_of[order], self.own[order]
         lengths = self._lengths(node_sig)
         parts, source, part_ptr, orders = self._gathers(positions, inputs, node_pool)
-        fanouts = _fan_out(parts, source, first_step, self.sizes)
+        fanouts = fan_out(parts, source, first_step, self.sizes)
         gathers = [
             Gather(tuple(parts[a:b]), o)
             for a, b, o in zip(part_ptr[:-1], part_ptr[1:], orders, strict=True)
@@ -381,46 +382,6 @@ class _Layout:
 
 
 SMALL_GROUP = 64  # groups up to this size get their row order in plain Python
-
-
-def _fan_out(
-    parts: list[Part], source: np.ndarray, first_step: int, sizes: np.ndarray
-) -> dict[int, list[Fanout]]:
-    """Read every step output that several parts of the plan read through one ``Fanout``.
-
-    Returns the fanouts of each step (by position in the plan) and makes each reader's part
-    ``(step, output, j)``, chunk ``j``. A packed output (of a ragged step) is fanned out by
-    nodes as well; the executor turns its nodes into their rows.
-    """
-    mine = (source >= first_step << OUT_BITS).nonzero()[0]
-    by_source = mine[source[mine].argsort(kind="stable")]
-    keys = source[by_source]
-    run_start = np.concatenate(([True], keys[1:] != keys[:-1])).nonzero()[0] if len(keys) else mine
-    run_length = run_lengths(run_start, len(keys))
-    shared = (run_length > 1).nonzero()[0]
-    fanouts: dict[int, list[Fanout]] = {}
-    for r in shared[by_source[run_start[shared]].argsort()].tolist():  # by first read
-        a = int(run_start[r])
-        reads = by_source[a : a + int(run_length[r])].tolist()
-        key = int(keys[a])
-        step, output = key >> OUT_BITS, key & OUT_MASK
-        rows = [_rows(parts[i]) for i in reads]
-        every = np.concatenate(rows)
-        n = int(sizes[step - first_step])
-        in_order = len(every) == n and bool((every == np.arange(n)).all())
-        fanout = Fanout(output, None if in_order else every, tuple(len(x) for x in rows))
-        fanouts.setdefault(step - first_step, []).append(fanout)
-        for j, i in enumerate(reads):
-            parts[i] = (step, output, j)
-    return fanouts
-
-
-def _rows(part: Part) -> np.ndarray:
-    """The rows a slice or index part reads."""
-    if len(part) == 4:
-        return np.arange(part[2], part[3])
-    assert isinstance(part[2], np.ndarray)
-    return part[2]
 
 
 def _payloads(payloads: list[Any], positions: np.ndarray) -> list[Any]:

@@ -242,6 +242,6 @@ def test_a_per_instance_plan_made_in_a_dataloader_worker_is_refused_there() -> N
     from torch.utils.data import DataLoader
 
     _, model = _per_instance_model()
-    loader = DataLoader(DATA, batch_size=2, num_workers=1, collate_fn=model.schedule)
+    loader = DataLoader(DATA, batch_size=2, num_workers=1, collate_fn=model.schedule)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
     with pytest.raises(ValueError, match="DataLoader worker"):
         next(iter(loader))
