@@ -245,3 +245,12 @@ def test_a_per_instance_plan_made_in_a_dataloader_worker_is_refused_there() -> N
     loader = DataLoader(DATA, batch_size=2, num_workers=1, collate_fn=model.schedule)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
     with pytest.raises(ValueError, match="DataLoader worker"):
         next(iter(loader))
+
+
+def test_a_block_that_reads_no_wires_takes_no_input() -> None:
+    """``reads()`` gave it an empty tuple, which FromTensor and Zeros refused as an input."""
+    from batchfold.blocks import Composition
+
+    model = compile(Composition(lambda x: FromTensor(torch.ones(2)).reads()))
+    out, _ = model([1, 2])
+    assert out.tolist() == [[1.0, 1.0], [1.0, 1.0]]

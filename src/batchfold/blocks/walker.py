@@ -357,8 +357,9 @@ def deep_recursion() -> Iterator[None]:
 
 
 def void_or(t: Type) -> bool:
-    """Whether ``t`` is void or a Python object (what input blocks accept)."""
-    return isinstance(t, (VoidType, PyObjectType))
+    """Whether ``t`` is void or a Python object (what input blocks accept); ``reads()`` with no
+    wires gives an empty tuple, which is no input too."""
+    return isinstance(t, (VoidType, PyObjectType)) or (isinstance(t, TupleType) and not t.items)
 
 
 def tensor_template(t: Type, counter: list[int]) -> Any:
