@@ -210,7 +210,8 @@ def _run(command: str, task: str, options: Sequence[str]) -> int:
     )
     print(f"{task} {args.split}, checkpoint {args.checkpoint}:")
     for name, value in metrics.items():
-        print(f"  {name.removeprefix(args.split + '_'):<14} {value:8.2f}")
+        shown = f"{value:.2f}" if abs(value) >= 1 or value == 0 else f"{value:.4f}"  # as train
+        print(f"  {name.removeprefix(args.split + '_'):<14} {shown:>8}")
     return 0
 
 
@@ -278,11 +279,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CommandLineError as err:
         print(f"batchfold: error: {err}", file=sys.stderr)
         return 2
-    except (OSError, ValueError) as err:  # missing data, bad options, bad or unwritable files
-        if os.environ.get("BATCHFOLD_DEBUG"):
+    except (OSError, ValueError, FloatingPointError) as err:  # bad data, options or files;
+        if os.environ.get("BATCHFOLD_DEBUG"):  # a loss that became NaN
             raise
         print(f"batchfold {command} {task}: error: {err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(
+            f"batchfold {command} {task}: interrupted; a training run goes on from its last "
+            "finished epoch with the same options and --resume",
+            file=sys.stderr,
+        )
+        return 130
 
 
 if __name__ == "__main__":

@@ -90,6 +90,29 @@ def test_a_device_this_machine_lacks_is_refused_before_anything_runs(
 
 
 @pytest.mark.parametrize(
+    ("error", "code", "message"),
+    [
+        (FloatingPointError("the esol loss is nan"), 1, "error: the esol loss is nan"),
+        (KeyboardInterrupt(), 130, "interrupted; a training run goes on"),
+    ],
+)
+def test_a_diverging_or_interrupted_run_ends_in_one_line(
+    error: BaseException,
+    code: int,
+    message: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def fail(*_: object) -> int:
+        raise error
+
+    monkeypatch.setattr(cli, "_run", fail)
+    assert cli.main(["train", "esol"]) == code
+    err = capsys.readouterr().err
+    assert err.count("\n") <= 2 and message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["fit", "sst"], "unknown command 'fit'"),

@@ -170,6 +170,23 @@ def test_a_fresh_run_leaves_nothing_of_an_earlier_run_to_resume(tmp_path: Path) 
         loop.train(LinearTask(), linear_args(tmp_path, "--resume"))
 
 
+def test_a_refused_option_leaves_the_run_in_the_folder(tmp_path: Path) -> None:
+    """The fresh start cleared the folder before ``--min-lr-scale`` was checked."""
+    loop.train(LinearTask(), linear_args(tmp_path))
+    with pytest.raises(ConfigError, match="--min-lr-scale"):
+        loop.train(LinearTask(), linear_args(tmp_path, "--min-lr-scale", "1.5"))
+    assert (tmp_path / "last.pt").is_file() and (tmp_path / "test.json").is_file()
+
+
+def test_a_last_line_cut_short_does_not_stop_a_resume(tmp_path: Path) -> None:
+    """An append to metrics.jsonl cut short (a crash) made --resume fail on its JSON."""
+    loop.train(LinearTask(), linear_args(tmp_path, "--epochs", "2"))
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"epoch": 3, "train_lo')
+    loop.train(LinearTask(), linear_args(tmp_path, "--epochs", "3", "--resume"))
+    assert [r["epoch"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2, 3]
+
+
 def test_a_diverging_loss_stops_with_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(FloatingPointError, match="the linear loss is inf at epoch 1, batch 1"):
         loop.train(LinearTask(scale=1e30), linear_args(tmp_path))

@@ -88,7 +88,10 @@ def add_arguments(parser: argparse.ArgumentParser, task_name: str) -> None:
         "last on a random split and best on a scaffold split)",
     )
     group.add_argument(
-        "--batch-size", type=int, default=32, help="items per batch (default: %(default)s)"
+        "--batch-size",
+        type=at_least_one,
+        default=32,
+        help="items per batch (default: %(default)s)",
     )
     group.add_argument(
         "--epochs",

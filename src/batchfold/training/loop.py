@@ -48,7 +48,7 @@ from batchfold.training.evaluation import (
     format_metrics,
     print_summary,
 )
-from batchfold.training.optim import make_average, make_optimizer, set_epoch_lr
+from batchfold.training.optim import epoch_lr_scale, make_average, make_optimizer, set_epoch_lr
 from batchfold.training.plot import plot_curves
 from batchfold.training.report import write_report
 from batchfold.training.run_folder import (
@@ -206,6 +206,8 @@ def train(task: Task, args: argparse.Namespace) -> dict[str, Any]:
         args.lr = DEFAULT_LR[args.optimizer]
     if args.epochs < 0:
         raise ConfigError(f"--epochs must be at least 0, got {args.epochs}")
+    # checked before the folder is touched: a refused option must not cost the run in it
+    epoch_lr_scale(args.lr_schedule, 1, args.epochs, args.min_lr_scale)
     ranks = distributed.setup(args.device)
     out = prepare_out(args.out)
     config = run_config(args)

@@ -36,6 +36,7 @@ from batchfold.data.molecules import (
 )
 from batchfold.models.weave import WeaveModel, weave_predict
 from batchfold.models.weave_blocks import weave_blocks
+from batchfold.training.arguments import at_least_one
 
 __all__ = ["MoleculeTask", "add_molecule_arguments", "expect_weave", "labels_of"]
 
@@ -123,7 +124,7 @@ def add_molecule_arguments(parser: argparse.ArgumentParser, title: str, data_hel
     )
     group.add_argument(
         "--eval-batch-size",
-        type=int,
+        type=at_least_one,
         default=256,
         help="molecules per batch when evaluating (default: %(default)s)",
     )

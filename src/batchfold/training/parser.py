@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping, Sequence
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -354,6 +355,8 @@ def apply_predicted_tags(task: UDTask[Any], args: argparse.Namespace) -> None:
     """
     path = getattr(args, "predicted_tags", None)
     if path is not None:
+        path = args.predicted_tags = str(Path(path).resolve())  # config.json: from anywhere
+        saved = getattr(args, "predicted_tags_upos", None)  # batchfold eval: the run's
         predicted = predict_splits(
             path,
             task.splits,
@@ -366,6 +369,12 @@ def apply_predicted_tags(task: UDTask[Any], args: argparse.Namespace) -> None:
         task.tagger_upos = predicted.accuracy
         args.predicted_tags_upos = predicted.accuracy  # recorded in config.json
         print(_describe_predicted(predicted.path, predicted.accuracy, predicted.unknown_tags))
+        if saved and any(abs(saved[k] - predicted.accuracy[k]) > 1e-6 for k in saved):
+            print(
+                f"parser: warning: the tagger at {path} tags these splits otherwise than when "
+                f"the parser was trained (dev {saved['dev']:.2f} then, "
+                f"{predicted.accuracy['dev']:.2f} now): another tagger, or other splits?"
+            )
 
 
 def _describe_predicted(path: str, accuracy: Mapping[str, float], unknown: Sequence[str]) -> str:

@@ -146,11 +146,23 @@ def check_resume_config(saved: dict[str, Any], now: dict[str, Any], file: Path) 
 
 
 def read_history(file: Path, up_to: int) -> list[dict[str, Any]]:
-    """The records of ``metrics.jsonl`` up to epoch ``up_to`` (none when there is no file)."""
+    """The records of ``metrics.jsonl`` up to epoch ``up_to`` (none when there is no file).
+
+    Records are appended after each checkpoint: a last line cut short (a crash while writing)
+    is an epoch after ``up_to``'s, dropped as the records after it are.
+    """
     if not file.is_file():
         return []
-    lines = [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
-    return [record for record in lines if record["epoch"] <= up_to]
+    lines = [line for line in file.read_text().splitlines() if line.strip()]
+    records = []
+    for number, line in enumerate(lines, 1):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as error:
+            if number == len(lines):
+                break
+            raise ConfigError(f"{file}:{number}: not JSON ({error.msg})") from None
+    return [record for record in records if record["epoch"] <= up_to]
 
 
 def write_history(file: Path, history: list[dict[str, Any]]) -> None:

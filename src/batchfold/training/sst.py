@@ -29,6 +29,7 @@ from batchfold.data.trees import BinaryTree
 from batchfold.data.vocab import Vocab
 from batchfold.models.tree_lstm import TreeLSTMClassifier, TreeRNNClassifier, tree_node_logits
 from batchfold.models.tree_lstm_blocks import tree_lstm_blocks
+from batchfold.training.arguments import at_least_one
 from batchfold.training.sst_metrics import (
     METRICS,
     N_CLASSES,
@@ -173,7 +174,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--eval-batch-size",
-        type=int,
+        type=at_least_one,
         default=1000,
         help="trees per batch_map call when evaluating (default: %(default)s)",
     )
@@ -213,6 +214,8 @@ class SSTTask:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
+        if getattr(args, "front_end", "lazy") == "blocks" and args.cell != "treelstm":
+            raise ValueError("--front-end blocks runs the Tree-LSTM only; use --cell treelstm")
         if getattr(args, "recurrent_dropout", 0.0) is None:  # the default: by cell type
             args.recurrent_dropout = 0.1 if args.cell == "treelstm" else 0.0
         try:

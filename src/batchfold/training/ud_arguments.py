@@ -12,6 +12,8 @@ import argparse
 import contextlib
 from typing import Any
 
+from batchfold.training.arguments import at_least_one
+
 __all__ = [
     "add_glove_argument",
     "add_option",
@@ -59,7 +61,7 @@ def add_ud_arguments(parser: argparse.ArgumentParser) -> None:
     add_option(
         parser,
         "--eval-batch-size",
-        type=int,
+        type=at_least_one,
         default=512,
         help="sentences per batch_map call when evaluating",
     )
