@@ -253,3 +253,15 @@ def test_a_returned_generator_or_closure_over_a_lazy_value_is_refused() -> None:
         bf.batch_map(later, [[1.0, 2.0]])
     (out, size), _ = bf.batch_map(lambda x: (torch.tensor(x) * 2, len), [[1.0], [2.0]])
     assert size is len and out.tolist() == [2.0]  # a function without lazy values passes
+
+
+def test_an_item_of_an_outside_tensor_set_to_a_lazy_value_is_refused_as_a_write() -> None:
+    """``W[0] = v`` met shape inference, which said setitem returns None."""
+    outside = torch.zeros(3)
+
+    def fn(i: float) -> torch.Tensor:
+        outside[0] = torch.tensor(i) * 2
+        return outside * 1
+
+    with pytest.raises(bf.UnsupportedOpError, match="writes per-instance values into a tensor"):
+        bf.batch_map(fn, [1.0, 2.0])

@@ -142,6 +142,19 @@ def test_atom_counts_are_degrees_and_hydrogens() -> None:
         assert got == [{f"degree={d}", f"hydrogens={h}"} for d, h in want]
 
 
+def test_degree_counts_heavy_neighbours_and_no_pair_spans_fragments() -> None:
+    """A hydrogen held as an atom (``[2H]O...``) counted as a neighbour, against the docs;
+    a bound on pair distances of 1e8 or more kept pairs of different fragments (rdkit's
+    stand-in distance for them)."""
+    m = featurize("[2H]OC", atom_counts=True)
+    degrees = [
+        next(n for n, v in zip(ATOM_COUNT_FEATURE_NAMES, row, strict=True) if v)
+        for row in m.atom_features[:, ATOM_FEATURES:].tolist()
+    ]
+    assert degrees == ["degree=1", "degree=1", "degree=1"]  # D's O, O, C: one heavy neighbour
+    assert featurize("[Na+].[Cl-]", max_pair_distance=10**9).pair_index.shape == (0, 2)
+
+
 def test_charged_acetate() -> None:
     m = featurize("CC(=O)[O-]")
     formal = ATOM_FEATURE_NAMES.index("formal_charge")

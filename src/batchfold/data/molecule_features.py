@@ -285,7 +285,8 @@ def _atom_features(mol: Chem.Mol, counts: bool) -> np.ndarray:
         row[_COLUMN["hbond_acceptor"]] = atom.GetIdx() in acceptors
         row[_COLUMN["aromatic"]] = atom.GetIsAromatic()
         if counts:
-            row[ATOM_FEATURES + min(atom.GetDegree(), 5)] = 1
+            heavy = sum(n.GetAtomicNum() > 1 for n in atom.GetNeighbors())  # as documented
+            row[ATOM_FEATURES + min(heavy, 5)] = 1
             row[ATOM_FEATURES + 6 + min(atom.GetTotalNumHs(), 4)] = 1
     first_ring = _COLUMN[f"rings_of_size={_RING_SIZES[0]}"]
     for ring in mol.GetRingInfo().AtomRings():
@@ -312,6 +313,6 @@ def _pair_features(mol: Chem.Mol, max_distance: int | None) -> tuple[np.ndarray,
         member[list(ring), k] = 1
     full[:, :, -1] = member @ member.T > 0
     keep = ~np.eye(n, dtype=bool)
-    if max_distance is not None:
-        keep &= distance <= max_distance
+    if max_distance is not None:  # and never across fragments, however large the bound
+        keep &= (distance <= max_distance) & (distance < 1e8)
     return np.argwhere(keep).astype(np.int64), full[keep]

@@ -19,8 +19,8 @@ Kearnes et al., "Molecular graph convolutions: moving beyond fingerprints" (2016
 - 11-12: chirality R, S (CIP labels; neither for other atoms and pseudo-asymmetric r/s);
 - 13: formal charge (an integer);
 - 14: Gasteiger partial charge (``rdPartialCharges.ComputeGasteigerCharges``); where rdkit
-  has no parameters (metals, tin, mercury, ...) it gives NaN for the whole molecule, and
-  those charges are set to 0, so no NaN ever reaches a tensor;
+  has no parameters (metals, tin, mercury, ...) it gives NaN or inf for some atoms or all of
+  the molecule's, and those charges are set to 0, so no NaN ever reaches a tensor;
 - 15-20: for each ring size 3 to 8, how many of rdkit's smallest rings hold the atom;
 - 21-23: hybridization sp, sp2, sp3, one-hot (none of them for other types);
 - 24-25: hydrogen-bond donor, acceptor, by rdkit's Lipinski SMARTS patterns
@@ -36,7 +36,8 @@ Kearnes et al., "Molecular graph convolutions: moving beyond fingerprints" (2016
 Pair features (``pair_features``, :data:`PAIR_FEATURES` = 12 columns, Kearnes et al.
 Table 2), one row per ordered atom pair ``(i, j)`` with ``i != j`` in ``pair_index``:
 
-- 0-3: bond type single, double, triple, aromatic, one-hot (none for unbonded pairs);
+- 0-3: bond type single, double, triple, aromatic, one-hot (none for unbonded pairs, nor
+  for rarer bond types such as dative ones);
 - 4-10: graph distance: column ``3 + d`` is 1 when the shortest path is at most ``d`` bonds,
   ``d`` = 1..7 (cumulative, as in the paper; DeepChem's Weave featurizer uses the exact
   distance instead). Atoms in different fragments (salts) have all seven at 0;

@@ -200,7 +200,7 @@ class Recorder(InPlaceWrites, SignatureMaker, CallKeys, TorchFunctionMode):
             refuse_weight_grad(func_name(func), args, kwargs)
             refuse_leaf_copy(func_name(func), args, kwargs)
             name = getattr(func, "__name__", "")
-            if name[-1:] == "_" and name[:1] != "_":
+            if (name[-1:] == "_" and name[:1] != "_") or name == "__setitem__":  # a write
                 return self._in_place_function(func, name, args, kwargs)
             sig = self._signature(key, func, args, kwargs, mode)
             copies = name == "__getitem__" and len(args) > 1 and index_copies(args[-1])

@@ -32,6 +32,9 @@ def add_option(parser: argparse.ArgumentParser, *flags: str, **kwargs: Any) -> N
         flags: the option strings.
         kwargs: what ``add_argument`` takes.
     """
+    text = kwargs.get("help")
+    if text and "%(default)" not in text and kwargs.get("default") is not None:
+        kwargs["help"] = f"{text} (default: %(default)s)"  # as every other task's help says
     with contextlib.suppress(argparse.ArgumentError):  # a conflict: it is defined already
         parser.add_argument(*flags, **kwargs)
 
