@@ -254,3 +254,11 @@ def test_a_block_that_reads_no_wires_takes_no_input() -> None:
     model = compile(Composition(lambda x: FromTensor(torch.ones(2)).reads()))
     out, _ = model([1, 2])
     assert out.tolist() == [[1.0, 1.0], [1.0, 1.0]]
+
+
+def test_an_optional_whose_some_case_has_no_zeros_names_itself() -> None:
+    """A bare ValueError from Zeros, naming no block, came out at compile."""
+    from batchfold.blocks import Optional
+
+    with pytest.raises(BatchfoldError, match=r"Optional\(Identity\(\)\) at model"):
+        compile(Optional(Identity()))

@@ -11,7 +11,7 @@ from typing import Any
 
 from .base import Block
 from .codegen import Emitter, Symbol
-from .constants import Zeros
+from .constants import Zeros, zeroable
 from .convert import convert_to_block
 from .types import BlockTypeError, Type, VoidType, short
 from .walker import Specializer, Tape, Walker
@@ -131,6 +131,15 @@ class Optional(Block):
 
     def _specialize(self, in_type: Type, ctx: Specializer, path: str) -> Walker:
         some = ctx.child(self.some_case, in_type, f"{path}.some_case")
+        if self.none_case is None and not zeroable(some.out_type):
+            raise BlockTypeError(
+                self,
+                path,
+                "a some_case that gives tensors (or tuples or sequences of them), whose "
+                "zeros the none case gives",
+                some.out_type,
+                hint="Give a none_case that makes a value of that type.",
+            )
         none_block = self.none_case if self.none_case is not None else Zeros(some.out_type)
         none = ctx.child(none_block, VoidType(), f"{path}.none_case")
         if none.out_type != some.out_type:

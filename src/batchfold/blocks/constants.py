@@ -62,7 +62,7 @@ class Zeros(Block):
     """
 
     def __init__(self, out_type: Type) -> None:
-        if not _zeroable(out_type):
+        if not zeroable(out_type):
             raise ValueError(f"Zeros cannot make a value of {out_type!r}")
         self.out_type = out_type
         self.in_type = VoidType()
@@ -76,9 +76,10 @@ class Zeros(Block):
         return f"Zeros({self.out_type!r})"
 
 
-def _zeroable(t: Type) -> bool:
+def zeroable(t: Type) -> bool:
+    """Whether :class:`Zeros` can make a value of type ``t``."""
     if isinstance(t, TupleType):
-        return all(_zeroable(i) for i in t.items)
+        return all(zeroable(i) for i in t.items)
     return isinstance(t, (TensorType, SequenceType, VoidType))
 
 
