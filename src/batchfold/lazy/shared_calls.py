@@ -78,7 +78,7 @@ class SharedCalls:
                 "see every instance's gradient at once. Register it on a per-instance value, "
                 "or compute the value before batch_map."
             )
-        at = _RETAIN_AT.get(func)
+        at = next((i for f, i in _RETAIN_AT.items() if f is func), None)  # any func: by identity
         if at is not None:  # eagerly each instance has its own graph; memoised, it is shared
             if len(args) > at:
                 args = (*args[:at], True, *args[at + 1 :])
