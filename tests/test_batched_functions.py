@@ -230,6 +230,18 @@ def test_a_function_that_cannot_take_zeros_says_why_it_is_refused() -> None:
     assert any("runs once on zeros" in note for note in getattr(raised.value, "__notes__", []))
 
 
+def test_rows_that_depend_on_each_other_are_found_with_integer_inputs_and_sorts() -> None:
+    """Only floating inputs were varied (integer rows stayed equal), and rows in order hid a
+    sort over dim 0."""
+    table = nn.Embedding(10, 3).double()
+    centred = bf.function(lambda i: table(i) - table(i).mean(0), batched=True)
+    with pytest.raises(bf.ShapeError, match="depends on the other rows"):
+        bf.batch_map(lambda i: centred(torch.tensor(i)), [1, 2, 3])
+    ordered = bf.function(lambda x: torch.sort(x, 0).values, batched=True)
+    with pytest.raises(bf.ShapeError, match="depends on the other rows"):
+        bf.batch_map(lambda x: ordered(torch.as_tensor(x)), [torch.randn(2) for _ in range(3)])
+
+
 def test_a_batched_function_that_draws_is_never_taken_for_one_that_mixes_rows() -> None:
     """Whether it draws was told by two calls' values: where neither dropped anything, the
     draws of the one-row calls were compared as rows (22% of seeds refused at p=0.02)."""

@@ -331,6 +331,29 @@ def test_a_context_variable_left_set_reaches_later_instances_and_the_caller() ->
     assert [g.item() for g in got] == want and calls.get() == 3
 
 
+def test_context_variables_holding_tensors_and_sets_before_an_error_reach_the_caller() -> None:
+    """The copy-back compared contexts with ``==``: a tensor value raised "Boolean value of
+    Tensor ... is ambiguous"; and an instance that raised left its sets behind."""
+    held: contextvars.ContextVar[torch.Tensor] = contextvars.ContextVar("held")
+    last: contextvars.ContextVar[str] = contextvars.ContextVar("last", default="")
+
+    made = [torch.full((3,), float(i)) for i in range(3)]  # tensors from outside: not lazy
+
+    def fn(i: int) -> torch.Tensor:
+        held.set(made[i])
+        last.set(f"instance {i}")
+        if i == 2:
+            raise KeyError("instance 2")
+        return torch.tensor(float(i)) * 2
+
+    held.set(torch.zeros(3))
+    bf.batch_map(fn, [0, 1])
+    assert held.get().tolist() == [1.0, 1.0, 1.0]
+    with pytest.raises(KeyError):
+        bf.batch_map(fn, [0, 1, 2])
+    assert last.get() == "instance 2"
+
+
 def test_a_list_of_instances_that_grows_after_its_last_started_is_refused() -> None:
     """Work appended by an instance resumed after a sync point was dropped silently."""
     work = [1, 2]

@@ -138,11 +138,12 @@ class BatchedFunction:
     def _check_row_values(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Refuse a ``batched=True`` function whose output rows depend on each other (a
         softmax or a cumulative sum over dim 0, a normalisation over the batch): on three
-        different rows (these inputs plus 0, 1, 2), each output row must be the function's
+        different rows (these inputs plus 0, 2, 1; integers too), each output row must be the function's
         output on that row alone. Inconclusive where the made-up rows raise."""
 
-        def row(k: int) -> Any:
-            return lambda x: x + k if isinstance(x, Tensor) and x.is_floating_point() else x
+        def row(k: int) -> Any:  # rows out of order (+0, +2, +1): a sort over dim 0 moves them
+            shift = (0, 2, 1)[k]
+            return lambda x: x + shift if isinstance(x, Tensor) and x.dtype != torch.bool else x
 
         def rows(x: Any) -> Any:
             return torch.stack([row(k)(x) for k in range(3)]) if isinstance(x, Tensor) else x

@@ -229,16 +229,18 @@ def _note_instance(error: BaseException, index: int) -> None:
 
 def _in_own_context(fn: Callable[[Any], Any], instance: Any) -> Any:
     """``fn(instance)`` in a copy of the caller's context, whose sets reach the caller's when
-    it returns: eagerly instances run one after another in one context, so one that waits
-    inside a ``with`` block that sets a ``ContextVar`` must not see another's value (nor
-    another its), while a value an instance leaves set reaches the later ones and the caller."""
-    own = contextvars.copy_context()
-    out = own.run(fn, instance)
-    if own != contextvars.copy_context():  # one comparison where nothing was set
-        for var, value in own.items():
-            if var.get(_UNSET) is not value:
+    it returns or raises: eagerly instances run one after another in one context, so one that
+    waits inside a ``with`` block that sets a ``ContextVar`` must not see another's value (nor
+    another its), while a value an instance leaves set reaches the later ones and the caller.
+    Values are compared by identity (a tensor's ``==`` is no truth value)."""
+    start = contextvars.copy_context()
+    own = start.copy()
+    try:
+        return own.run(fn, instance)
+    finally:
+        for var, value in own.items():  # what this instance set, over what it started from
+            if start.get(var, _UNSET) is not value:
                 var.set(value)
-    return out
 
 
 _UNSET = object()
