@@ -187,3 +187,28 @@ def test_the_rehearsal_runs_only_the_values_left_out(monkeypatch: pytest.MonkeyP
         torch.testing.assert_close(g, fn(x), rtol=0, atol=1e-12)
     assert stats.unused > 0 and len(counts) == 2
     assert counts[1] < counts[0] // 2  # the left-out values' steps only
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_unused_values_beside_grad_modes_writes_and_half_precision(scheduler: str) -> None:
+    """The pass that leaves unused values out, against eager: an unused value made under
+    no_grad beside a used one, a write into a returned value of a value used nowhere else,
+    unused arithmetic on the value before the write, and half precision."""
+    from reference import assert_matches_eager
+
+    layer = nn.Linear(3, 3).double()
+
+    def fn(x: list[float]) -> Any:
+        h = layer(torch.tensor(x))
+        with torch.no_grad():
+            torch.exp(h)  # unused, made without gradients
+        g = h * 2
+        part = g[:2] * 3  # unused once written: g's new value reads it
+        g[:2] = part  # a write into a returned value
+        g[2:] * 5  # unused view arithmetic on the old g
+        torch.tanh(h.half())  # unused, half precision
+        return g, h.half() * 2
+
+    items = [[1.0, 2.0, 3.0], [0.5, -1.0, 2.0], [0.0, 0.0, 1.0]]
+    stats = assert_matches_eager(fn, items, layer, scheduler)  # type: ignore[arg-type]
+    assert stats.unused > 0

@@ -18,6 +18,7 @@ import torch
 
 from .fused_stack import fusable, fused_stack
 from .graph import OUT_BITS, OUT_MASK, Graph
+from .grouping import runs
 from .ops_views import forget_rows
 from .profile import Profile, StepClock, mark
 from .ragged import expand_rows
@@ -147,10 +148,7 @@ class Executor:
             raise _left_out(int(ids[steps.argmin()]))
         source = steps * (OUT_MASK + 1) + (ids & OUT_MASK)
         order = source.argsort(kind="stable")
-        ordered = source[order]
-        cuts = [0, *((ordered[1:] != ordered[:-1]).nonzero()[0] + 1).tolist(), len(order)]
-        for a, b in zip(cuts[:-1], cuts[1:], strict=True):
-            group = order[a:b]
+        for group in runs(order, source[order]):
             step, output = int(steps[group[0]]), int(ids[group[0]] & OUT_MASK)
             offsets = self.packed.get((step, output)) if self.packed else None
             yield group, self.outputs[step][output], offsets, rows[group], (step, output)

@@ -181,7 +181,7 @@ class BatchedFunction:
         args, kwargs = template
 
         def on(make: Any, grad_at: int | None) -> list[bool]:
-            with self.probing(), torch._C.DisableTorchFunction(), torch.set_grad_enabled(grad):
+            with torch._C.DisableTorchFunction(), torch.set_grad_enabled(grad):
                 values = [
                     make(m.shape, dtype=m.dtype, device=m.device, requires_grad=i == grad_at)
                     for i, m in enumerate(in_metas)
@@ -196,6 +196,12 @@ class BatchedFunction:
             except Exception:
                 return found
 
+        with self.probing():  # once around every call below, not per call
+            return self._output_grad(flags, in_metas)
+
+    def _output_grad(
+        self, flags: Callable[[int | None], list[bool]], in_metas: tuple[Any, ...]
+    ) -> tuple[tuple[bool, tuple[int, ...]], ...]:
         needs = flags(None)
         reads: list[list[int]] = [[] for _ in needs]
         for i, meta in enumerate(in_metas):

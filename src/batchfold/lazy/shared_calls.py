@@ -124,12 +124,9 @@ class SharedCalls:
     def computed(self) -> bool:
         """Whether a memoised result is a new tensor (``W * 2``), not a view of what it was
         made from (``W.t()``): its values are those of the tensors when it was made."""
-        for result, args, kwargs in self.memo.values():
-            memory = _memory(result)
-            leaves = [x for x in tree_leaves((args, kwargs)) if isinstance(x, Tensor)]
-            if memory is None or all(_memory(x) != memory for x in leaves):
-                return True
-        return False
+        return not all(
+            _views_inputs(result, args, kwargs) for result, args, kwargs in self.memo.values()
+        )
 
     def handed_twice(self) -> set[int]:
         """The ids of the memoised results that several calls got."""
@@ -144,10 +141,7 @@ class SharedCalls:
         made = copies.get(id(tensor))
         if made is None:
             _, args, kwargs = self.memo[self.handed[id(tensor)][0]]
-            memory = _memory(tensor)
-            views = memory is not None and any(
-                isinstance(x, Tensor) and _memory(x) == memory for x in tree_leaves((args, kwargs))
-            )
+            views = _views_inputs(tensor, args, kwargs)
             made = copies[id(tensor)] = tensor.view_as(tensor) if views else tensor.clone()
         return made
 
@@ -196,6 +190,15 @@ class SharedCalls:
                     "same arguments, where eagerly each gets a tensor of its own. Write into "
                     "a copy (.clone()) or out of place."
                 )
+
+
+def _views_inputs(result: Tensor, args: Any, kwargs: Any) -> bool:
+    """Whether a memoised result shares memory with a tensor it was made from (``W.t()``),
+    rather than being a new tensor (``W * 2``)."""
+    memory = _memory(result)
+    return memory is not None and any(
+        isinstance(x, Tensor) and _memory(x) == memory for x in tree_leaves((args, kwargs))
+    )
 
 
 def _memory(tensor: Tensor) -> int | None:
